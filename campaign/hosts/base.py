@@ -1,0 +1,67 @@
+"""The Host protocol: the one seam between campaign's core and the machine servers run on.
+
+A host runs shell command strings (callers build them with ``shlex.quote``; no value from a config reaches a
+shell unquoted), moves whole files in and out, reads a file from a byte offset (so a log is followed without
+re-reading it), and gives an HTTP base URL that reaches a port on the host (loopback for ``local``; a
+forwarded local port for ``ssh``). Every call has a timeout.
+
+Implementations: ``LocalHost`` (subprocess), ``SSHHost`` (paramiko; the only module that imports it) and
+``FunctionHost`` (a plain function answering commands: the fake for tests, at this seam).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one command did: its exit code and both streams, decoded as UTF-8 with replacement."""
+
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0."""
+        return self.exit_code == 0
+
+    def tail(self, lines: int = 10) -> str:
+        """The last ``lines`` lines of stderr, or of stdout when stderr is empty."""
+        text = self.stderr if self.stderr.strip() else self.stdout
+        return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+@runtime_checkable
+class Host(Protocol):
+    """A machine that campaign drives. Paths are absolute POSIX paths on that machine."""
+
+    #: Short human name: ``local`` or ``user@host:port``; used in reports and the lock.
+    name: str
+
+    def run(self, command: str, *, timeout: float = 30.0) -> Result:
+        """Run a shell command string under ``/bin/sh -c`` and wait for it; stdin is /dev/null.
+
+        Raises ``HostTimeout`` past ``timeout`` and ``HostError`` when the command could not be started.
+        A non-zero exit is not an error: it is in ``Result.exit_code``.
+        """
+        ...
+
+    def write_file(self, path: str, data: bytes, *, mode: int = 0o600) -> None:
+        """Create or replace ``path`` with ``data`` and ``mode`` (parents must exist)."""
+        ...
+
+    def read_file(self, path: str, *, offset: int = 0, limit: int | None = None) -> bytes:
+        """Bytes of ``path`` from ``offset`` (at most ``limit``); ``b""`` when the file is missing or shorter."""
+        ...
+
+    def url(self, port: int) -> str:
+        """An ``http://host:port`` base URL, usable from this process, that reaches ``port`` on the host."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and forwarded ports. Idempotent."""
+        ...

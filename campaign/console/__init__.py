@@ -1,0 +1,31 @@
+"""Everything campaign shows a person: the only package that imports rich.
+
+``Output`` holds two rich consoles: ``out`` (stdout: tables, reports, JSON) and ``err`` (stderr: progress, prose and
+errors), so ``--json`` keeps stdout pure JSON. Submodules render one area each (run, diagnosis, bench, compare).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from rich.console import Console
+
+
+@dataclass
+class Output:
+    """The two streams a command writes to; ``json`` means stdout carries only JSON."""
+
+    json: bool = False
+    out: Console = field(default_factory=lambda: Console(highlight=False, soft_wrap=False))
+    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+
+    @property
+    def interactive(self) -> bool:
+        """True when stderr is a terminal (live displays); plain lines otherwise."""
+        return self.err.is_terminal and sys.stderr.isatty()
+
+    def print_json(self, text: str) -> None:
+        """Write one JSON document to stdout, untouched by rich markup."""
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()

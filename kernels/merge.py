@@ -1,0 +1,97 @@
+"""Split-K for decode: how many splits of the top-k axis to launch, and the kernel that merges their partials.
+
+Flash-decoding: when B·(head programs) alone cannot fill the GPU, each program takes one slice of the top-k axis
+and writes a normalized fp32 partial output plus its log-sum-exp; the merge weighs the partials by exp(lse).
+Partials cost B·H·S·(D_v + 1)·4 bytes written and read again, so S is only as large as needed to fill the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.device import program_slots
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+# Aim for this many programs per multiprocessor before splitting further: a second wave hides gather latency.
+PROGRAMS_PER_SM = 2
+# A split shorter than this many tiles spends more on its partial than it saves.
+MIN_TILES_PER_SPLIT = 2
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """How the top-k axis of length K is cut: ``num_splits`` slices of ``tiles_per_split`` tiles of ``block_n``."""
+
+    block_n: int
+    num_splits: int
+    tiles_per_split: int
+
+
+def plan_splits(t: torch.Tensor, k: int, block_n: int, programs: int, num_splits: int | None = None) -> SplitPlan:
+    """Choose the number of splits for K indices when ``programs`` programs already run without splitting."""
+    tiles = max(1, triton.cdiv(k, block_n))
+    if num_splits is None:
+        target = PROGRAMS_PER_SM * program_slots(t)
+        num_splits = max(1, min(triton.cdiv(target, max(programs, 1)), tiles // MIN_TILES_PER_SPLIT))
+    num_splits = max(1, min(num_splits, tiles))
+    per_split = triton.cdiv(tiles, num_splits)
+    # Re-derive S so that no split is empty.
+    return SplitPlan(block_n=block_n, num_splits=triton.cdiv(tiles, per_split), tiles_per_split=per_split)
+
+
+@triton.jit
+def _merge_kernel(
+    part_ptr,
+    plse_ptr,
+    out_ptr,
+    lse_ptr,
+    H,
+    NUM_SPLITS,
+    D_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    """Merge S partials of one (row, head): out = Σ_s exp(lse_s − lse)·out_s, lse = log Σ_s exp(lse_s)."""
+    pid = tl.program_id(0)  # b * H + h
+    s = tl.arange(0, BLOCK_S)
+    dv = tl.arange(0, BLOCK_DV)
+    smask = s < NUM_SPLITS
+    # partials are [B, H, S, D_v] and [B, H, S] in base-2 log units.
+    plse = tl.load(plse_ptr + pid * NUM_SPLITS + s, mask=smask, other=float("-inf"))
+    peak = tl.max(plse, axis=0)
+    # All splits empty: shift by 0 so exp2 gives exact zeros instead of NaN.
+    peak = tl.where(peak == float("-inf"), 0.0, peak)
+    w = tl.exp2(plse - peak)
+    total = tl.sum(w, axis=0)
+    part = tl.load(
+        part_ptr + (pid * NUM_SPLITS + s[:, None]) * D_V + dv[None, :],
+        mask=smask[:, None] & (dv[None, :] < D_V),
+        other=0.0,
+    )
+    acc = tl.sum(part * w[:, None], axis=0)
+    acc = acc / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + pid * D_V + dv, acc.to(out_ptr.dtype.element_ty), mask=dv < D_V)
+    lse2 = tl.where(total > 0.0, tl.log2(tl.where(total > 0.0, total, 1.0)) + peak, float("-inf"))
+    tl.store(lse_ptr + pid, lse2 * 0.6931471805599453)
+
+
+def merge(partials: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Merge ``partials`` [B, H, S, D_v] fp32 and ``partial_lse`` [B, H, S] (log2) into ``out`` and ``lse`` (ln)."""
+    b, h, s, d_v = partials.shape
+    _merge_kernel[(b * h,)](
+        partials,
+        partial_lse,
+        out,
+        lse,
+        h,
+        s,
+        D_V=d_v,
+        BLOCK_S=triton.next_power_of_2(s),
+        BLOCK_DV=triton.next_power_of_2(d_v),
+        num_warps=4,
+    )

@@ -44,6 +44,29 @@ def plan_splits(t: torch.Tensor, k: int, block_n: int, programs: int, num_splits
     return SplitPlan(block_n=block_n, num_splits=triton.cdiv(tiles, per_split), tiles_per_split=per_split)
 
 
+def outputs(
+    q: torch.Tensor, d_v: int, plan: SplitPlan, out: torch.Tensor | None, lse: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Return (out, lse, partials, partial_lse): the caller's buffers or new ones, and the split scratch.
+
+    With one split the kernel writes out and lse itself, and the scratch names them only to fill the argument list.
+    """
+    b, h, _ = q.shape
+    if out is None:
+        out = torch.empty((b, h, d_v), dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty((b, h), dtype=torch.float32, device=q.device)
+    if tuple(out.shape) != (b, h, d_v) or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{b}, {h}, {d_v}] {q.dtype} tensor")
+    if tuple(lse.shape) != (b, h) or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError(f"lse must be a contiguous [{b}, {h}] float32 tensor")
+    if plan.num_splits == 1:
+        return out, lse, out, lse
+    part = torch.empty((b, h, plan.num_splits, d_v), dtype=torch.float32, device=q.device)
+    plse = torch.empty((b, h, plan.num_splits), dtype=torch.float32, device=q.device)
+    return out, lse, part, plse
+
+
 @triton.jit
 def _merge_kernel(
     part_ptr,

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels.device import interpreting, require_triton_device
-from kernels.merge import LOG2E, merge, plan_splits
+from kernels.merge import LOG2E, merge, outputs, plan_splits
 
 
 @dataclass(frozen=True)
@@ -143,8 +143,14 @@ def decode(
     *,
     config: MmaConfig | None = None,
     num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the MMA kernel (and the merge when the top-k axis is split); return (out, lse) as the contract says."""
+    """Run the MMA kernel (and the merge when the top-k axis is split); return (out, lse) as the contract says.
+
+    ``config`` and ``num_splits`` override the defaults (the benchmark sweeps them); ``out`` and ``lse`` are
+    optional caller-owned buffers (static outputs for CUDA graphs; poisoned buffers in tests).
+    """
     require_triton_device(q)
     b, h, d_qk = q.shape
     n, k = kv.shape[0], indices.shape[1]
@@ -155,14 +161,8 @@ def decode(
     indices = indices if indices.stride(1) == 1 else indices.contiguous()
     groups = triton.cdiv(h, cfg.block_h)
     plan = plan_splits(q, k, cfg.block_n, b * groups, num_splits)
-    out = torch.empty((b, h, d_v), dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, h), dtype=torch.float32, device=q.device)
+    out, lse, part, plse = outputs(q, d_v, plan, out, lse)
     direct = plan.num_splits == 1
-    if direct:
-        part, plse = out, lse  # unused by the kernel on this path
-    else:
-        part = torch.empty((b, h, plan.num_splits, d_v), dtype=torch.float32, device=q.device)
-        plse = torch.empty((b, h, plan.num_splits), dtype=torch.float32, device=q.device)
     _mma_decode_kernel[(b, groups, plan.num_splits)](
         q,
         kv,

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels.device import require_triton_device
-from kernels.merge import LOG2E, merge, plan_splits
+from kernels.merge import LOG2E, merge, outputs, plan_splits
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,14 @@ def decode(
     *,
     config: SimtConfig | None = None,
     num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the SIMT kernel (and the merge when the top-k axis is split); return (out, lse) as the contract says."""
+    """Run the SIMT kernel (and the merge when the top-k axis is split); return (out, lse) as the contract says.
+
+    ``config`` and ``num_splits`` override the defaults (the benchmark sweeps them); ``out`` and ``lse`` are
+    optional caller-owned buffers (static outputs for CUDA graphs; poisoned buffers in tests).
+    """
     require_triton_device(q)
     b, h, d_qk = q.shape
     n, k = kv.shape[0], indices.shape[1]
@@ -126,14 +132,8 @@ def decode(
     kv = kv if kv.stride(1) == 1 else kv.contiguous()
     indices = indices if indices.stride(1) == 1 else indices.contiguous()
     plan = plan_splits(q, k, cfg.block_n, b * h, num_splits)
-    out = torch.empty((b, h, d_v), dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, h), dtype=torch.float32, device=q.device)
+    out, lse, part, plse = outputs(q, d_v, plan, out, lse)
     direct = plan.num_splits == 1
-    if direct:
-        part, plse = out, lse  # unused by the kernel on this path
-    else:
-        part = torch.empty((b, h, plan.num_splits, d_v), dtype=torch.float32, device=q.device)
-        plse = torch.empty((b, h, plan.num_splits), dtype=torch.float32, device=q.device)
     _simt_decode_kernel[(b, h, plan.num_splits)](
         q,
         kv,

@@ -7,8 +7,6 @@ backend: -1, or anything outside [0, N), marks an unused slot that contributes n
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 BACKENDS = ("torch", "simt", "mma")
@@ -65,6 +63,13 @@ def sparse_mla_decode(
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     check_inputs(q, kv, indices)
     d_v = resolve_d_v(q.shape[2], d_v)
-    impl = importlib.import_module(f"kernels.{'reference' if backend == 'torch' else backend}")
+    # Plain imports (not importlib) so torch.compile can trace the call with fullgraph=True; the Triton modules load
+    # on first use, after a CPU caller has had the chance to set TRITON_INTERPRET.
+    if backend == "torch":
+        from kernels import reference as impl
+    elif backend == "simt":
+        from kernels import simt as impl
+    else:
+        from kernels import mma as impl
     out, lse = impl.decode(q, kv, indices, float(sm_scale), d_v)
     return out, lse

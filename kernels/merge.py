@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.device import program_slots
+from kernels.device import interpreting, program_slots
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -21,6 +21,25 @@ LN2 = 0.6931471805599453
 PROGRAMS_PER_SM = 2
 # A split shorter than this many tiles spends more on its partial than it saves.
 MIN_TILES_PER_SPLIT = 2
+
+
+@triton.jit
+def downcast(x, DST: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """Convert fp32 ``x`` to DST; with EMULATE_RTNE, round to nearest even by hand first.
+
+    Triton 3.6's interpreter truncates fp32 to bf16 (the GPU rounds to nearest even); rounding the fp32 bits to a
+    bf16-representable value first makes both give the same numbers.
+    """
+    if EMULATE_RTNE:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(DST)
+
+
+def emulate_rtne(dtype: torch.dtype) -> bool:
+    """Return whether kernels must round fp32 to ``dtype`` by hand (bf16 under the interpreter)."""
+    return dtype == torch.bfloat16 and interpreting()
 
 
 @dataclass(frozen=True)
@@ -78,6 +97,7 @@ def _merge_kernel(
     D_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    OUT_RTNE: tl.constexpr,
 ):
     """Merge S partials of one (row, head): out = Σ_s exp(lse_s − lse)·out_s, lse = log Σ_s exp(lse_s)."""
     pid = tl.program_id(0)  # b * H + h
@@ -98,7 +118,7 @@ def _merge_kernel(
     )
     acc = tl.sum(part * w[:, None], axis=0)
     acc = acc / tl.where(total > 0.0, total, 1.0)
-    tl.store(out_ptr + pid * D_V + dv, acc.to(out_ptr.dtype.element_ty), mask=dv < D_V)
+    tl.store(out_ptr + pid * D_V + dv, downcast(acc, out_ptr.dtype.element_ty, OUT_RTNE), mask=dv < D_V)
     lse2 = tl.where(total > 0.0, tl.log2(tl.where(total > 0.0, total, 1.0)) + peak, float("-inf"))
     tl.store(lse_ptr + pid, lse2 * 0.6931471805599453)
 
@@ -116,5 +136,6 @@ def merge(partials: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor, 
         D_V=d_v,
         BLOCK_S=triton.next_power_of_2(s),
         BLOCK_DV=triton.next_power_of_2(d_v),
+        OUT_RTNE=emulate_rtne(out.dtype),
         num_warps=4,
     )

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels.device import require_triton_device
-from kernels.merge import LOG2E, merge, outputs, plan_splits
+from kernels.merge import LOG2E, downcast, emulate_rtne, merge, outputs, plan_splits
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ def _simt_decode_kernel(
     BLOCK_DV: tl.constexpr,
     BLOCK_DR: tl.constexpr,
     DIRECT: tl.constexpr,
+    OUT_RTNE: tl.constexpr,
 ):
     """One (row, head, split): online softmax over the split's tiles, all arithmetic as fp32 FMAs."""
     pid_b = tl.program_id(0)
@@ -98,7 +99,9 @@ def _simt_decode_kernel(
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)
     lse2 = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
     if DIRECT:
-        tl.store(out_ptr + (pid_b * H + pid_h) * D_V + dv, acc.to(out_ptr.dtype.element_ty), mask=dv < D_V)
+        tl.store(
+            out_ptr + (pid_b * H + pid_h) * D_V + dv, downcast(acc, out_ptr.dtype.element_ty, OUT_RTNE), mask=dv < D_V
+        )
         tl.store(lse_ptr + pid_b * H + pid_h, lse2 * 0.6931471805599453)
     else:
         slot = (pid_b * H + pid_h) * NUM_SPLITS + pid_s
@@ -158,6 +161,7 @@ def decode(
         BLOCK_DV=triton.next_power_of_2(d_v),
         BLOCK_DR=max(2, triton.next_power_of_2(max(d_r, 1))),
         DIRECT=direct,
+        OUT_RTNE=emulate_rtne(out.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -332,9 +332,10 @@ class Prompt:
 
 def make_prompts(settings: BenchSettings, count: int, *, offset: int = 0) -> list[Prompt]:
     """The fixed-seed prompts of a bench: ``count`` of them starting at ``offset`` in the seeded sequence."""
-    rng = random.Random(settings.seed)
     out: list[Prompt] = []
-    for i in range(offset + count):
+    for i in range(offset, offset + count):
+        # One generator per prompt index: any slice of the sequence costs only its own length.
+        rng = random.Random(f"{settings.seed}/{i}")
         if settings.prompts == "arithmetic":
             a, b = rng.randint(0, 99), rng.randint(0, 99)
             op = rng.choice("×+-")
@@ -343,8 +344,7 @@ def make_prompts(settings: BenchSettings, count: int, *, offset: int = 0) -> lis
         else:
             n = settings.input_len
             text = " ".join(rng.choice(_WORDS) for _ in range(n))
-        if i >= offset:
-            out.append(Prompt(text, n))
+        out.append(Prompt(text, n))
     return out
 
 

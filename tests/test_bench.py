@@ -1,0 +1,162 @@
+"""The load generator against real HTTP servers on loopback: the scheduled endpoint, its faults, and bad input."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from pydantic import ValidationError
+
+from campaign.bench import BenchEvent, BenchResult, BenchSettings, LatencyStats, make_prompts, percentile, run_bench
+from campaign.errors import BenchError
+from tests.fixtures.sse_server import ScheduledServer
+
+TTFT_MS = 40.0
+ITL_MS = 10.0
+TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def scheduled() -> ScheduledServer:
+    with ScheduledServer(ttft_ms=TTFT_MS, itl_ms=ITL_MS, tokens=TOKENS) as srv:
+        yield srv  # type: ignore[misc]
+
+
+def test_sweep_measures_every_metric_against_the_schedule(scheduled: ScheduledServer) -> None:
+    events: list[BenchEvent] = []
+    settings = BenchSettings(concurrency=[1, 4], requests=12, warmup=2, repeats=2)
+    result = run_bench(scheduled.url, settings, progress=events.append)
+
+    assert result.model == "scheduled"  # asked of /v1/models
+    assert result.passed
+    assert [lv.label for lv in result.levels] == ["c=1", "c=4"]
+    for lv in result.levels:
+        assert (lv.sent, lv.successful, lv.failed, lv.incomplete, lv.errors) == (24, 24, 0, 0, {})
+        assert lv.output_tokens == 24 * TOKENS
+        # Generous bounds: CI shares two cores; scripts/bench_client.py measures the tight figures.
+        assert TTFT_MS <= lv.ttft.median < TTFT_MS + 25  # type: ignore[operator]
+        assert ITL_MS - 3 < lv.itl.median < ITL_MS + 5  # type: ignore[operator]
+        assert lv.itl.count == 24 * (TOKENS - 1)
+        assert ITL_MS - 3 < lv.tpot.mean < ITL_MS + 5  # type: ignore[operator]
+        expected_e2e = TTFT_MS + (TOKENS - 1) * ITL_MS
+        assert expected_e2e <= lv.e2e.median < expected_e2e + 30  # type: ignore[operator]
+        for stats in (lv.ttft, lv.itl, lv.tpot, lv.e2e):
+            assert stats.min <= stats.median <= stats.p90 <= stats.p99 <= stats.max  # type: ignore[operator]
+        assert len(lv.repeats) == 2
+        assert lv.output_throughput == pytest.approx(lv.output_tokens / lv.duration_s)
+        assert lv.request_throughput == pytest.approx(lv.successful / lv.duration_s)
+    one, four = result.levels
+    # Four streams in flight deliver about four times the tokens per second of one.
+    assert 2.5 < four.output_throughput / one.output_throughput < 4.5
+    kinds = [e.kind for e in events]
+    assert kinds.count("level_start") == 2 and kinds.count("level_end") == 2 and kinds.count("repeat") == 4
+    assert [e.done for e in events if e.kind == "request" and e.level == "c=4"] == list(range(1, 25))
+
+
+def test_result_round_trips_through_its_stored_form(scheduled: ScheduledServer) -> None:
+    result = run_bench(scheduled.url, BenchSettings(concurrency=[2], requests=4, warmup=0))
+    again = BenchResult.model_validate(result.model_dump())
+    assert again == result
+    assert BenchResult.model_validate_json(result.model_dump_json()) == result
+
+
+def test_poisson_rate_level(scheduled: ScheduledServer) -> None:
+    settings = BenchSettings(request_rate=50, requests=20, warmup=0, max_concurrency=8)
+    result = run_bench(scheduled.url, settings)
+    (lv,) = result.levels
+    assert lv.label == "rate=50/s,c<=8"
+    assert lv.successful == 20 and result.passed
+    assert lv.request_throughput < 50 * 1.8  # arrivals are spread out, not sent at once
+
+
+def test_error_event_mid_stream_under_http_200_fails_the_level() -> None:
+    with ScheduledServer(ttft_ms=5, itl_ms=2, tokens=6, fail_mode="error_event", fail_after=3) as srv:
+        result = run_bench(srv.url, BenchSettings(concurrency=[4], requests=8, warmup=0))
+    (lv,) = result.levels
+    assert not result.passed and not lv.passed
+    assert (lv.successful, lv.failed, lv.incomplete) == (0, 8, 0)
+    assert lv.errors == {"stream_error:internal_error": 8}
+    assert "mid-stream" in lv.error_examples["stream_error:internal_error"]
+    assert lv.ttft.count == 0 and lv.output_throughput == 0
+
+
+def test_some_errors_are_counted_and_judged_by_the_threshold() -> None:
+    with ScheduledServer(ttft_ms=5, itl_ms=2, tokens=4, fail_mode="error_event", fail_every=4) as srv:
+        lenient = run_bench(srv.url, BenchSettings(concurrency=[1], requests=16, warmup=0, max_error_rate=0.3))
+        strict = run_bench(srv.url, BenchSettings(concurrency=[1], requests=16, warmup=0, max_error_rate=0.1))
+    for result in (lenient, strict):
+        (lv,) = result.levels
+        assert (lv.successful, lv.failed) == (12, 4)
+        assert lv.error_rate == pytest.approx(0.25)
+        # Failed requests are not in the averages: every measured TTFT is a successful one.
+        assert lv.ttft.count == 12
+    assert lenient.passed and not strict.passed
+
+
+@pytest.mark.parametrize(
+    ("mode", "key", "failed", "incomplete"),
+    [
+        ("http_500", "http_500", 6, 0),
+        ("drop", "incomplete:connection_closed", 0, 6),
+        ("no_finish", "incomplete:no_finish_reason", 0, 6),
+    ],
+)
+def test_fault_kinds_are_grouped_by_type(mode: str, key: str, failed: int, incomplete: int) -> None:
+    with ScheduledServer(ttft_ms=2, itl_ms=1, tokens=5, fail_mode=mode) as srv:
+        result = run_bench(srv.url, BenchSettings(concurrency=[3], requests=6, warmup=0))
+    (lv,) = result.levels
+    assert (lv.failed, lv.incomplete, lv.successful) == (failed, incomplete, 0)
+    assert lv.errors == {key: 6}
+    assert not result.passed
+
+
+def test_timeout_counts_as_failed() -> None:
+    with ScheduledServer(ttft_ms=2000, itl_ms=1, tokens=2) as srv:
+        result = run_bench(srv.url, BenchSettings(concurrency=[2], requests=2, warmup=0, timeout_s=0.3))
+    (lv,) = result.levels
+    assert lv.errors == {"timeout": 2} and not result.passed
+
+
+def test_unreachable_server_is_a_bench_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(BenchError, match="cannot reach"):
+        run_bench(f"http://127.0.0.1:{port}", BenchSettings(concurrency=[1], requests=1))
+    with pytest.raises(BenchError, match="not an http"):
+        run_bench("127.0.0.1:1", BenchSettings())
+
+
+def test_settings_reject_typos_and_contradictions() -> None:
+    with pytest.raises(ValidationError, match="concurency"):
+        BenchSettings.model_validate({"concurency": [1, 8]})
+    with pytest.raises(ValidationError, match="not both"):
+        BenchSettings(concurrency=[1], request_rate=[2.0])
+    with pytest.raises(ValidationError, match="unknown gate metric"):
+        BenchSettings.model_validate({"gates": [{"metric": "tokens_per_s", "min": 1}]})
+    s = BenchSettings.model_validate({"concurrency": 32})
+    assert s.concurrency == [32]
+    assert BenchSettings().concurrency == [1, 8, 32]
+    random_prompts = BenchSettings(prompts="random", output_len=64)
+    assert random_prompts.effective_ignore_eos() and random_prompts.effective_max_tokens() == 64
+    assert not BenchSettings().effective_ignore_eos()
+
+
+def test_prompts_are_fixed_by_the_seed() -> None:
+    s = BenchSettings(prompts="random", input_len=16, seed=7)
+    assert make_prompts(s, 5) == make_prompts(s, 5)
+    assert make_prompts(s, 3, offset=2) == make_prompts(s, 5)[2:]
+    assert make_prompts(s, 1) != make_prompts(s.model_copy(update={"seed": 8}), 1)
+    assert all(len(p.text.split()) == 16 for p in make_prompts(s, 5))
+    arith = make_prompts(BenchSettings(), 20)
+    assert all(p.text.startswith("What is ") and p.text.endswith("?") for p in arith)
+
+
+def test_percentiles_interpolate_like_numpy() -> None:
+    values = [1.0, 2.0, 3.0, 4.0, 10.0]
+    assert percentile(values, 50) == 3.0
+    assert percentile(values, 90) == pytest.approx(7.6)
+    assert percentile([5.0], 99) == 5.0
+    stats = LatencyStats.of([0.001, 0.002, 0.003])
+    assert (stats.count, stats.mean, stats.median, stats.min, stats.max) == (3, pytest.approx(2.0), 2.0, 1.0, 3.0)
+    assert LatencyStats.of([]).median is None

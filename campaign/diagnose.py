@@ -319,7 +319,8 @@ def _ready_line(ctx: _Context) -> _Line | None:
 
 def _diagnosis(ctx: _Context, kind: str, confidence: float, evidence: Sequence[_Line], summary: str) -> Diagnosis:
     info = ctx.sigs.kinds.get(kind) or KindInfo(title=kind, hints={})
-    ordered = sorted({ln.number: ln for ln in evidence}.values(), key=lambda ln: ln.number)[:_MAX_EVIDENCE]
+    # Kept in the order given: the cause first, then the context (frame, wrapper) that places it.
+    ordered = list({ln.number: ln for ln in evidence}.values())[:_MAX_EVIDENCE]
     items = [Evidence(line=ln.number, text=ln.text.strip()[:400]) for ln in ordered]
     return Diagnosis(
         kind=kind,
@@ -339,13 +340,14 @@ def _first_cause(ctx: _Context, lines: Sequence[_Line], *, include_weak: bool) -
         if not hits:
             continue
         primary = _distinct(hits, 3)
-        evidence = list(primary)
+        context = []
         frame = _frame_above(ctx.lines, primary[0].number)
         if frame is not None:
-            evidence.append(frame)
+            context.append(frame)
         wrapper = next((ln for ln in lines if _matches(ctx.sigs.capture_wrappers + ctx.sigs.engine_wrappers, ln)), None)
-        if wrapper is not None and len(evidence) < _MAX_EVIDENCE:
-            evidence.append(wrapper)
+        if wrapper is not None:
+            context.append(wrapper)
+        evidence = primary + sorted(context, key=lambda ln: ln.number)
         confidence = rule.confidence * (0.8 if len(hits) == 1 and rule.weak else 1.0)
         return _diagnosis(ctx, rule.kind, confidence, evidence, f"line {primary[0].number}: {primary[0].message[:200]}")
     return None
@@ -443,9 +445,9 @@ def diagnose(
     ctx = _Context(_lines(log), signatures(), server, exit_code, timed_out, phase)
     ready = _ready_line(ctx)
     post_ready_phase = (phase or "") in _AFTER_READY_PHASES
-    became_ready = (
-        ready is not None or post_ready_phase or (timings is not None and timings.launch_to_ready_s is not None)
-    )
+    # A smoke result exists only if the loop saw the server ready, whatever the log shows.
+    loop_saw_ready = smoke is not None or (timings is not None and timings.launch_to_ready_s is not None)
+    became_ready = ready is not None or post_ready_phase or loop_saw_ready
     if not became_ready:
         return _not_ready(ctx)
 

@@ -29,7 +29,7 @@ _PREFIXES = [
 ]
 
 _SUBSTITUTIONS = [
-    (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),  # pointers and addresses
+    (re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),  # pointers and addresses
     (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"), "<uuid>"),
     (re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{10,}\b"), "<hash>"),  # content hashes
     # A path keeps only its last component: the same file lives under different venvs, tmp dirs and homes.

@@ -144,6 +144,21 @@ def test_a_healthy_log_stays_healthy_without_an_exit_and_fails_when_the_server_d
     assert diagnose(died, server="sglang").kind == "illegal_memory_access"
 
 
+def test_a_cuda_error_after_readiness_is_fatal_but_a_refused_request_is_not() -> None:
+    log = (DATA / "variants" / "healthy--vllm-v1-full-startup.log").read_text()
+    refused = log + (
+        "(APIServer pid=101) ERROR 11-30 09:12:00 [serving_chat.py:222] ValueError: This model's maximum context "
+        "length is 40960 tokens. However, you requested 50000 tokens.\n"
+        '(APIServer pid=101) INFO:     127.0.0.1:5110 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request\n'
+    )
+    assert diagnose(refused, server="vllm").kind == "healthy"
+    crashed = log + (
+        "(EngineCore_DP0 pid=230) ERROR 11-30 09:12:00 [core.py:850] RuntimeError: CUDA error: an illegal memory "
+        "access was encountered\n"
+    )
+    assert diagnose(crashed, server="vllm").kind == "illegal_memory_access"
+
+
 def test_errors_before_readiness_that_did_not_stop_it_are_not_failures() -> None:
     log = (
         "ERROR 11-30 09:10:00 [x.py:1] ImportError: flash_attn is not installed; falling back to SDPA\n"

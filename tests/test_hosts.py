@@ -54,6 +54,19 @@ def host(request: pytest.FixtureRequest) -> Iterator[Host]:
         yield request.getfixturevalue("ssh_host")
 
 
+@pytest.fixture(params=["local", "ssh", "ssh-exec"])
+def cmd_host(request: pytest.FixtureRequest) -> Iterator[Host]:
+    """Command tests also run over SSH without persistent shells: one exec channel per command."""
+    if request.param == "local":
+        local = LocalHost()
+        yield local
+        local.close()
+        return
+    ssh: SSHHost = request.getfixturevalue("ssh_host")
+    ssh.persistent_shells = request.param == "ssh"
+    yield ssh
+
+
 def _wait_until(check: object, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -71,54 +84,54 @@ def _pids_running(pattern: str) -> list[int]:
 # -- commands -------------------------------------------------------------------------------------------------------
 
 
-def test_exit_code_and_both_streams(host: Host) -> None:
-    assert isinstance(host, Host)
-    res = host.run("echo out; echo err >&2; exit 7")
+def test_exit_code_and_both_streams(cmd_host: Host) -> None:
+    assert isinstance(cmd_host, Host)
+    res = cmd_host.run("echo out; echo err >&2; exit 7")
     assert (res.exit_code, res.stdout, res.stderr, res.ok) == (7, "out\n", "err\n", False)
-    ok = host.run("printf 'no newline'")
+    ok = cmd_host.run("printf 'no newline'")
     assert ok.ok and ok.stdout == "no newline" and ok.stderr == ""
 
 
-def test_runs_under_sh_with_stdin_closed(host: Host) -> None:
-    res = host.run('cat; echo "rc=$?"; readlink /proc/$$/exe')
+def test_runs_under_sh_with_stdin_closed(cmd_host: Host) -> None:
+    res = cmd_host.run('cat; echo "rc=$?"; readlink /proc/$$/exe')
     assert res.stdout.splitlines()[0] == "rc=0"  # cat read EOF at once: stdin is /dev/null
     assert os.path.realpath(res.stdout.splitlines()[1]) == os.path.realpath("/bin/sh")
 
 
-def test_death_by_signal_reads_as_128_plus_n(host: Host) -> None:
-    assert host.run("kill -9 $$").exit_code == 128 + 9
+def test_death_by_signal_reads_as_128_plus_n(cmd_host: Host) -> None:
+    assert cmd_host.run("kill -9 $$").exit_code == 128 + 9
 
 
 @pytest.mark.parametrize("value", HOSTILE)
-def test_hostile_values_arrive_literally(host: Host, value: str, tmp_path: Path) -> None:
-    res = host.run(f"cd {shlex.quote(str(tmp_path))} && printf %s {shlex.quote(value)}")
+def test_hostile_values_arrive_literally(cmd_host: Host, value: str, tmp_path: Path) -> None:
+    res = cmd_host.run(f"cd {shlex.quote(str(tmp_path))} && printf %s {shlex.quote(value)}")
     assert res.ok, res.stderr
     assert res.stdout == value
     assert list(tmp_path.iterdir()) == []  # nothing else ran
 
 
-def test_big_interleaved_outputs_do_not_deadlock(host: Host) -> None:
+def test_big_interleaved_outputs_do_not_deadlock(cmd_host: Host) -> None:
     # 10 MB on each stream, alternating: reading one stream only would stall the other's flow control.
     cmd = (
         "i=0; while [ $i -lt 40 ]; do head -c 262144 /dev/zero | tr '\\0' a; "
         "head -c 262144 /dev/zero | tr '\\0' b >&2; i=$((i+1)); done"
     )
-    res = host.run(cmd, timeout=60)
+    res = cmd_host.run(cmd, timeout=60)
     assert res.ok
     assert len(res.stdout) == len(res.stderr) == 40 * 262144
     assert set(res.stdout) == {"a"} and set(res.stderr) == {"b"}
 
 
-def test_timeout_raises_and_kills_the_command_group(host: Host) -> None:
+def test_timeout_raises_and_kills_the_command_group(cmd_host: Host) -> None:
     marker = f"{61 + (os.getpid() % 1000) / 1000:.3f}"  # a sleep length no one else uses
     started = time.monotonic()
     with pytest.raises(HostTimeout) as caught:
-        host.run(f"sleep {marker} & sleep {marker}; wait", timeout=1.0)
+        cmd_host.run(f"sleep {marker} & sleep {marker}; wait", timeout=1.0)
     assert 0.9 < time.monotonic() - started < 3.0
     assert "timeout" in str(caught.value)
     # The command and its background child are killed (over SSH by the remote kill, a moment later).
     assert _wait_until(lambda: not _pids_running(f"sleep {marker}"), 5.0), _pids_running(f"sleep {marker}")
-    assert host.run("echo still usable").stdout == "still usable\n"
+    assert cmd_host.run("echo still usable").stdout == "still usable\n"
 
 
 def test_timeout_message_masks_secrets(host: Host) -> None:
@@ -129,11 +142,11 @@ def test_timeout_message_masks_secrets(host: Host) -> None:
     assert "HF_TOKEN=***" in text
 
 
-def test_detached_server_returns_at_once(host: Host, tmp_path: Path) -> None:
+def test_detached_server_returns_at_once(cmd_host: Host, tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     cmd = f"setsid /bin/sh -c 'echo up; exec sleep 30' </dev/null >{shlex.quote(str(log))} 2>&1 & echo $!"
     started = time.monotonic()
-    res = host.run(cmd, timeout=20)
+    res = cmd_host.run(cmd, timeout=20)
     elapsed = time.monotonic() - started
     pid = int(res.stdout.strip())
     try:
@@ -155,9 +168,9 @@ def test_many_commands_are_cheap(host: Host) -> None:
     assert per_call < 0.1, f"run() took {per_call * 1000:.0f} ms per call"
 
 
-def test_concurrent_commands_from_threads(host: Host) -> None:
+def test_concurrent_commands_from_threads(cmd_host: Host) -> None:
     def one(i: int) -> Result:
-        return host.run(f"head -c 200000 /dev/zero | tr '\\0' x; echo {i} >&2; exit {i % 5}", timeout=30)
+        return cmd_host.run(f"head -c 200000 /dev/zero | tr '\\0' x; echo {i} >&2; exit {i % 5}", timeout=30)
 
     with ThreadPoolExecutor(max_workers=10) as pool:
         results = list(pool.map(one, range(30)))

@@ -40,8 +40,8 @@ SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 KEEPALIVE_S = 15
 #: The remote ``timeout`` kill fires this long after the local deadline, so the local HostTimeout comes first.
 REMOTE_KILL_GRACE_S = 1.0
-#: Long-lived remote shells kept per host; more concurrent commands than this use one exec channel each.
-MAX_RUNNERS = 4
+#: Long-lived remote shells per host; more concurrent commands wait for one (sshd's MaxSessions is 10).
+MAX_RUNNERS = 6
 #: How long a new remote shell may take to start (the login shell's rc files run then).
 RUNNER_START_S = 15.0
 #: A ProxyJump chain longer than this is taken for a loop in the config.
@@ -94,9 +94,14 @@ class SSHHost:
         self._sftp_lock = threading.Lock()
         self._forwarders: dict[int, _Forwarder] = {}
         self._idle: list[_Runner] = []
-        self._busy = 0
+        self._slots = 0  # commands in flight plus idle shells: each holds one SSH session
+        #: Run commands in long-lived remote shells (fast); False: one exec channel per command, which pays
+        #: the login shell's rc files every time but keeps no shell open on the host.
+        self.persistent_shells = True
         self._runners_work = True
         self._state_lock = threading.Lock()
+        #: Signalled when a command slot frees up (shares the state lock: slots are host state).
+        self._pool_free = threading.Condition(self._state_lock)
         self._closed = False
         transport = client.get_transport()
         if transport is None:  # connect() returned, so this is a paramiko invariant, not a user error
@@ -205,20 +210,22 @@ class SSHHost:
 
         Commands go to a pool of long-lived remote shells (see ``_Runner``): the host's login shell and its rc
         files start once per shell, not once per command, so a liveness poll costs a few milliseconds. When a
-        shell cannot be had, the command runs on its own exec channel instead. Past ``timeout`` the local call
-        raises ``HostTimeout`` and coreutils ``timeout`` on the host kills the command's process group a moment
-        later. A detached child (``setsid ... </dev/null >log 2>&1 &``) never holds the call open.
+        shell cannot be had (or ``persistent_shells`` is False), the command runs on its own exec channel.
+        Past ``timeout`` the local call raises ``HostTimeout`` and coreutils ``timeout`` on the host kills the
+        command's process group a moment later. A detached child (``setsid ... </dev/null >log 2>&1 &``)
+        never holds the call open.
         """
         self._check_open()
         deadline = time.monotonic() + timeout
-        runner = self._take_runner(deadline)
+        runner: _Runner | None = None
+        slot = False
         try:
+            runner, slot = self._take_slot(deadline)
             if runner is not None:
                 try:
                     code, out, err = runner.run(_inner(command, timeout), deadline)
                 except BaseException:
-                    runner.close()
-                    runner = None
+                    runner.close()  # mid-command state is unknown: _release retires it
                     raise
             else:
                 code, out, err = self._exec(command, timeout, deadline)
@@ -230,8 +237,8 @@ class SSHHost:
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise self._lost(exc, "run a command") from exc
         finally:
-            if runner is not None:
-                self._give_back(runner)
+            if slot:
+                self._release(runner)
         return Result(
             command=command,
             exit_code=code,
@@ -257,36 +264,49 @@ class SSHHost:
         finally:
             chan.close()
 
-    def _take_runner(self, deadline: float) -> _Runner | None:
-        """An idle remote shell, a new one, or None (pool full, or shells do not work on this host)."""
-        with self._state_lock:
-            while self._idle:
-                runner = self._idle.pop()
-                if runner.alive:
-                    return runner
-                runner.close()
-            if not self._runners_work or self._busy >= MAX_RUNNERS:
-                return None
-            self._busy += 1
+    def _take_slot(self, deadline: float) -> tuple[_Runner | None, bool]:
+        """A command slot: (an idle or new remote shell, True), or (None, True) to use an exec channel.
+
+        At most ``MAX_RUNNERS`` commands hold a session at once (sshd's MaxSessions, 10 by default, also
+        counts SFTP); past that the caller waits for a slot, up to its own deadline.
+        """
+        with self._pool_free:
+            while True:
+                self._check_open_locked()
+                while self._idle:
+                    runner = self._idle.pop()
+                    if runner.alive:
+                        return runner, True
+                    runner.close()
+                    self._slots -= 1
+                if self._slots < MAX_RUNNERS:
+                    self._slots += 1
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"all {MAX_RUNNERS} command slots stayed busy")
+                self._pool_free.wait(remaining)
+            if not self.persistent_shells or not self._runners_work:
+                return None, True
         try:
-            runner = _Runner.start(self._transport, min(RUNNER_START_S, max(0.1, deadline - time.monotonic())))
+            return _Runner.start(self._transport, min(RUNNER_START_S, max(0.1, deadline - time.monotonic()))), True
         except (TimeoutError, paramiko.SSHException, EOFError, OSError):
-            with self._state_lock:
-                self._busy -= 1
+            with self._pool_free:
                 # A login shell that does not answer a plain printf (an rc file reading stdin, a restricted
                 # shell): stop trying and use one exec channel per command on this host.
                 self._runners_work = False
-            return None
-        with self._state_lock:
-            self._busy -= 1
-        return runner
+            return None, True
 
-    def _give_back(self, runner: _Runner) -> None:
-        with self._state_lock:
-            if self._closed or not runner.alive:
-                runner.close()
-            else:
+    def _release(self, runner: _Runner | None) -> None:
+        """Free a command slot: keep a healthy shell for the next command, retire a broken one."""
+        with self._pool_free:
+            if runner is not None and not self._closed and runner.alive:
                 self._idle.append(runner)
+            else:
+                if runner is not None:
+                    runner.close()
+                self._slots -= 1
+            self._pool_free.notify()
 
     def write_file(self, path: str, data: bytes, *, mode: int = 0o600) -> None:
         """Create or replace ``path`` with ``data`` and ``mode`` over SFTP (atomically: a temp file, renamed)."""
@@ -377,6 +397,8 @@ class SSHHost:
             forwarders = list(self._forwarders.values())
             self._forwarders.clear()
             runners, self._idle = self._idle, []
+            self._slots -= len(runners)
+            self._pool_free.notify_all()
         for runner in runners:
             runner.close()
         for fwd in forwarders:

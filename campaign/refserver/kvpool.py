@@ -1,0 +1,106 @@
+"""The KV pool: one tensor of compressed KV rows per layer, sized up front, with a slot allocator.
+
+Slots are token-granular (SGLang's ``page_size=1``): a request reserves ``prompt + max_new_tokens`` slots when it
+is admitted, so a running request never runs out of room mid-decode, and returns them when it ends. The pool has
+one extra row past the last slot, the scratch row that padded batch rows write into.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+GB = 1 << 30
+#: SGLang's usual static fraction on a GPU when none is given.
+DEFAULT_CUDA_MEM_FRACTION = 0.88
+#: On a CPU host without --max-total-tokens or --mem-fraction-static: a pool that fits any laptop (a few MB).
+DEFAULT_CPU_TOKENS = 65536
+
+
+def memory_info(device: torch.device) -> tuple[int, int]:
+    """(available, total) bytes of the device's memory: the GPU's, or this host's RAM for ``cpu``."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return int(free), int(total)
+    fields: dict[str, int] = {}
+    with open("/proc/meminfo") as handle:
+        for line in handle:
+            name, value = line.split(":", 1)
+            fields[name] = int(value.split()[0]) * 1024
+    return fields["MemAvailable"], fields["MemTotal"]
+
+
+def pool_tokens(
+    device: torch.device,
+    bytes_per_token: int,
+    *,
+    max_total_tokens: int | None,
+    mem_fraction_static: float | None,
+) -> int:
+    """How many token slots the pool gets, the way SGLang sizes it.
+
+    With a memory fraction F (given, or the CUDA default), the pool may use what is left of F·total after what is
+    already in use: ``available - total·(1 - F)``. ``--max-total-tokens`` caps that (or sets it alone on CPU).
+    Raises ``RuntimeError`` with SGLang's message when the fraction leaves no room.
+    """
+    fraction = mem_fraction_static
+    if fraction is None and device.type == "cuda" and max_total_tokens is None:
+        fraction = DEFAULT_CUDA_MEM_FRACTION
+    if fraction is None:
+        return max_total_tokens if max_total_tokens is not None else DEFAULT_CPU_TOKENS
+    available, total = memory_info(device)
+    rest = available - total * (1.0 - fraction)
+    if rest <= 0:
+        raise RuntimeError(
+            f"Not enough memory. Please try to increase --mem-fraction-static. "
+            f"(mem_fraction_static={fraction}, available={available / GB:.2f} GB, total={total / GB:.2f} GB)"
+        )
+    tokens = int(rest // bytes_per_token)
+    if max_total_tokens is not None:
+        tokens = min(tokens, max_total_tokens)
+    return tokens
+
+
+class KVPool:
+    """``rows [n_layers, n_tokens + 1, d_qk]`` and a stack of free slots."""
+
+    def __init__(self, n_layers: int, n_tokens: int, d_qk: int, dtype: torch.dtype, device: torch.device) -> None:
+        # Never read before a request writes it, so it is not cleared (a large GPU pool allocates instantly).
+        self.rows = torch.empty(n_layers, n_tokens + 1, d_qk, dtype=dtype, device=device)
+        self.n_tokens = n_tokens
+        self._free = np.arange(n_tokens - 1, -1, -1, dtype=np.int64)
+        self._top = n_tokens
+
+    @property
+    def scratch_slot(self) -> int:
+        """The row that padded batch rows write into; no request ever reads it."""
+        return self.n_tokens
+
+    @property
+    def free_slots(self) -> int:
+        """Slots not reserved by any request."""
+        return self._top
+
+    @property
+    def used_slots(self) -> int:
+        """Slots reserved by requests."""
+        return self.n_tokens - self._top
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the pool tensor."""
+        return self.rows.numel() * self.rows.element_size()
+
+    def reserve(self, n: int) -> np.ndarray | None:
+        """Take ``n`` slots, or None when fewer are free (the caller queues the request)."""
+        if n > self._top:
+            return None
+        taken = self._free[self._top - n : self._top][::-1].copy()
+        self._top -= n
+        return taken
+
+    def release(self, slots: np.ndarray) -> None:
+        """Give ``slots`` back."""
+        n = len(slots)
+        self._free[self._top : self._top + n] = slots
+        self._top += n

@@ -11,9 +11,14 @@ CPU_PROGRAM_SLOTS = 4
 _SM_COUNT: dict[int, int] = {}
 
 
+# Read once, when the Triton modules (which import this one first) define their kernels: that is when Triton
+# itself decides between compiled and interpreted kernels. A constant also keeps torch.compile from guarding on env.
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def interpreting() -> bool:
-    """Return whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """Return whether the kernels were defined under Triton's CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    return _INTERPRETING
 
 
 def require_triton_device(t: torch.Tensor) -> None:

@@ -153,7 +153,8 @@ def indexer_scores(
     q, weights, k_cache, page_table = _contiguous_rows(q, weights, k_cache, page_table)
     b, m = q.shape[0], PAGE * page_table.shape[1]
     logits = torch.empty((b, m), dtype=torch.float32, device=q.device)
-    per_row = max(1, min(triton.cdiv(SCORE_PROGRAMS_PER_SM * program_slots(q), b), page_table.shape[1]))
+    # Not capped by the table width: the grid must not shrink or grow with M, only the row's length bounds work.
+    per_row = max(1, triton.cdiv(SCORE_PROGRAMS_PER_SM * program_slots(q), b))
     _launch_scores(q, weights, k_cache, k_scale.contiguous(), page_table, lengths, logits, per_row)
     return logits
 

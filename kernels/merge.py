@@ -139,3 +139,9 @@ def merge(partials: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor, 
         OUT_RTNE=emulate_rtne(out.dtype),
         num_warps=4,
     )
+
+
+@triton.jit
+def empty_kernel():
+    """Does nothing: the benchmark times two launches of it as the launch floor."""
+    pass

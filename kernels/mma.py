@@ -9,14 +9,16 @@ M >= 16, so fewer heads than BLOCK_H are padded by masking.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from kernels.device import interpreting, require_triton_device
-from kernels.merge import LOG2E, downcast, emulate_rtne, merge, outputs, plan_splits
+from kernels.merge import LOG2E, SplitPlan, downcast, emulate_rtne, merge, outputs, plan_splits
 
 
 @dataclass(frozen=True)
@@ -166,18 +168,38 @@ def decode(
     optional caller-owned buffers (static outputs for CUDA graphs; poisoned buffers in tests).
     """
     require_triton_device(q)
-    b, h, d_qk = q.shape
-    n, k = kv.shape[0], indices.shape[1]
-    d_r = d_qk - d_v
+    b, h, _ = q.shape
     cfg = config or default_config(h, d_v)
     q = q if q.stride(2) == 1 else q.contiguous()
     kv = kv if kv.stride(1) == 1 else kv.contiguous()
     indices = indices if indices.stride(1) == 1 else indices.contiguous()
-    groups = triton.cdiv(h, cfg.block_h)
-    plan = plan_splits(q, k, cfg.block_n, b * groups, num_splits)
+    plan = plan_splits(q, indices.shape[1], cfg.block_n, b * triton.cdiv(h, cfg.block_h), num_splits)
     out, lse, part, plse = outputs(q, d_v, plan, out, lse)
+    _launch(q, kv, indices, sm_scale, d_v, cfg, plan, out, lse, part, plse)
+    if plan.num_splits > 1:
+        merge(part, plse, out, lse)
+    return out, lse
+
+
+def _launch(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int,
+    cfg: MmaConfig,
+    plan: SplitPlan,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    part: torch.Tensor,
+    plse: torch.Tensor,
+) -> Any:
+    """Launch the split kernel; return Triton's compiled-kernel handle (None under the interpreter)."""
+    b, h, d_qk = q.shape
+    n, k = kv.shape[0], indices.shape[1]
+    d_r = d_qk - d_v
     direct = plan.num_splits == 1
-    _mma_decode_kernel[(b, groups, plan.num_splits)](
+    return _mma_decode_kernel[(b, triton.cdiv(h, cfg.block_h), plan.num_splits)](
         q,
         kv,
         indices,
@@ -210,6 +232,38 @@ def decode(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if not direct:
-        merge(part, plse, out, lse)
-    return out, lse
+
+
+def matrix_instructions(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int,
+    *,
+    config: MmaConfig | None = None,
+    num_splits: int | None = None,
+) -> dict[str, Any]:
+    """Compile and run the MMA kernel for these inputs; count the matrix instructions in its TTGIR and PTX.
+
+    Returns counts of ``wgmma`` (Hopper warpgroup MMA) and ``mma.sync`` in the PTX, the TTGIR's MMA encoding
+    (``versionMajor`` 3 is wgmma, 2 is mma.sync), and the registers/spills the compiler reported.
+    """
+    b, h, _ = q.shape
+    cfg = config or default_config(h, d_v)
+    plan = plan_splits(q, indices.shape[1], cfg.block_n, b * triton.cdiv(h, cfg.block_h), num_splits)
+    out, lse, part, plse = outputs(q, d_v, plan, None, None)
+    compiled = _launch(q, kv, indices, sm_scale, d_v, cfg, plan, out, lse, part, plse)
+    ptx = compiled.asm.get("ptx", "")
+    ttgir = compiled.asm.get("ttgir", "")
+    versions = sorted(set(re.findall(r"versionMajor = (\d+)", ttgir)))
+    first = re.search(r"^\s*((?:wgmma\.mma_async|mma\.sync)\S*)", ptx, re.MULTILINE)
+    return {
+        "wgmma": len(re.findall(r"\bwgmma\.mma_async", ptx)),
+        "mma.sync": len(re.findall(r"\bmma\.sync", ptx)),
+        "ttgir_mma_versions": ",".join(versions),
+        "registers": int(getattr(compiled, "n_regs", -1)),
+        "spills": int(getattr(compiled, "n_spills", -1)),
+        "shared_bytes": int(getattr(getattr(compiled, "metadata", None), "shared", -1)),
+        "first_instruction": first.group(1) if first else "",
+    }

@@ -1,0 +1,452 @@
+"""Benchmark: sparse-MLA decode backends and the lightning indexer against ceilings measured in the same run.
+
+    python -m kernels.bench [--json FILE] [--sweep] [--smoke]
+
+Measures a large device-to-device copy (bytes read + written) and a large bf16 matmul first; every decode shape is
+then reported as median and p90 µs, effective GB/s, TFLOP/s and the fraction of its floor
+max(bytes / copy rate, FLOPs / matmul rate), with bytes and FLOPs from ../shared/reference-kernels.md §4. The KV
+pool is 1M tokens (1.15 GB, far larger than L2), and do_bench clears L2 before every timed call. ``--sweep`` adds
+a small MMA configuration sweep; ``--smoke`` runs tiny shapes (on CPU under TRITON_INTERPRET=1) to check the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+D_QK, D_V, TOPK, LAYERS = 576, 512, 2048, 61
+KV_BYTES = 2 * D_QK  # bf16 row
+IDX_TOKEN_BYTES = 132 + 8  # FP8 index key + scale, plus fp32 logit written and read
+SIMT_SPEC_FLOPS = 67e12  # H100/H200 fp32 non-tensor datasheet rate
+COMMAND = "python -m kernels.bench"
+
+
+@dataclass
+class Shapes:
+    """Which problems the run measures."""
+
+    heads: tuple[int, ...]
+    batches: tuple[int, ...]
+    contexts: tuple[int, ...]
+    topk: int
+    d_qk: int
+    d_v: int
+    pool_tokens: int
+    index_batches: tuple[int, ...]
+    index_contexts: tuple[int, ...]
+    index_max: int
+    index_heads: int
+    index_dim: int
+    graph_batches: tuple[int, ...] = field(default=(1, 8))
+
+
+FULL = Shapes(
+    heads=(16, 128),
+    batches=(1, 8, 32, 128),
+    contexts=(1024, 4096, 32768),
+    topk=TOPK,
+    d_qk=D_QK,
+    d_v=D_V,
+    pool_tokens=1 << 20,
+    index_batches=(1, 8, 32, 128),
+    index_contexts=(1024, 4096, 16384, 65536),
+    index_max=131072,
+    index_heads=64,
+    index_dim=128,
+)
+SMOKE = Shapes(
+    heads=(4,),
+    batches=(2,),
+    contexts=(256,),
+    topk=128,
+    d_qk=80,
+    d_v=64,
+    pool_tokens=4096,
+    index_batches=(2,),
+    index_contexts=(256,),
+    index_max=1024,
+    index_heads=8,
+    index_dim=32,
+    graph_batches=(),
+)
+
+
+class Timer:
+    """Median and p90 of a callable, in µs: CUDA events via triton.testing on a GPU, wall clock on CPU."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+
+    def time(self, fn: Callable[[], object]) -> tuple[float, float]:
+        if self.cuda:
+            import triton.testing
+
+            med, p90 = triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=[0.5, 0.9])
+            return med * 1e3, p90 * 1e3
+        fn()
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            runs.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(runs), max(runs)
+
+    def time_graph(self, fn: Callable[[], object]) -> float:
+        import triton.testing
+
+        med, _ = triton.testing.do_bench_cudagraph(fn, rep=50, quantiles=[0.5, 0.9])
+        return float(med) * 1e3
+
+
+def measure_ceilings(timer: Timer, device: str) -> dict[str, float]:
+    """Copy bandwidth (bytes read + written per second) and bf16 matmul FLOP/s, measured now on random data."""
+    n = (1 << 30) // 2 if timer.cuda else 1 << 20
+    src = torch.randn(n, device=device).to(torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_us, _ = timer.time(lambda: dst.copy_(src))
+    m = 8192 if timer.cuda else 256
+    a = torch.randn((m, m), device=device).to(torch.bfloat16)
+    b = torch.randn((m, m), device=device).to(torch.bfloat16)
+    mm_us, _ = timer.time(lambda: a @ b)
+    return {"copy_bytes_per_s": 2 * n * 2 / (copy_us * 1e-6), "bf16_flops_per_s": 2 * m**3 / (mm_us * 1e-6)}
+
+
+def launch_floor(timer: Timer) -> dict[str, float]:
+    """Two empty Triton launches back to back: eager and replayed from a CUDA graph (µs)."""
+    from kernels.merge import empty_kernel
+
+    def two() -> None:
+        empty_kernel[(1,)]()
+        empty_kernel[(1,)]()
+
+    return {"eager_us": timer.time(two)[0], "graph_us": timer.time_graph(two)}
+
+
+def bench_decode_case(gen: torch.Generator, b: int, h: int, context: int, s: Shapes) -> Any:
+    """q, the shared pool and per-row indices: each row's context is ``context`` tokens on random pages of the pool,
+    and its top-k are distinct tokens of that context (-1 past the context when it is shorter than top-k)."""
+    from kernels.cases import DecodeCase
+
+    dev = gen.device
+    q = torch.randn((b, h, s.d_qk), generator=gen, device=dev).to(torch.bfloat16)
+    pages = s.pool_tokens // 64
+    rows = []
+    for _ in range(b):
+        own = torch.randperm(pages, generator=gen, device=dev)[: max(1, context // 64)]
+        tokens = (own[:, None] * 64 + torch.arange(64, device=dev)).reshape(-1)[:context]
+        pick = tokens[torch.randperm(tokens.numel(), generator=gen, device=dev)[: s.topk]]
+        row = torch.full((s.topk,), -1, dtype=torch.int64, device=dev)
+        row[: pick.numel()] = pick
+        rows.append(row)
+    return DecodeCase(q, torch.empty(0), torch.stack(rows).to(torch.int32), 0.1352, s.d_v)
+
+
+def decode_bytes_flops(b: int, h: int, k_valid: int, s: Shapes) -> tuple[float, float]:
+    """Ideal HBM bytes and tensor FLOPs of one decode call (reference-kernels.md §4)."""
+    kv_row = 2 * s.d_qk
+    bytes_ = b * (k_valid * kv_row + s.topk * 4 + h * (2 * s.d_qk + 2 * s.d_v))
+    flops = 2 * b * h * k_valid * (s.d_qk + s.d_v)
+    return float(bytes_), float(flops)
+
+
+def run_decode(timer: Timer, s: Shapes, ceil: dict[str, float], device: str) -> list[dict[str, Any]]:
+    """Time every backend on every decode shape; spot-check simt and mma on the first rows against float64."""
+    from kernels import mma, reference, simt
+    from kernels.accuracy import compare
+    from kernels.merge import plan_splits
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    kv = torch.randn((s.pool_tokens, s.d_qk), generator=gen, device=device).to(torch.bfloat16)
+    rows: list[dict[str, Any]] = []
+    for h in s.heads:
+        for b in s.batches:
+            for context in s.contexts:
+                case = bench_decode_case(gen, b, h, context, s)
+                k_valid = min(s.topk, context)
+                nbytes, flops = decode_bytes_flops(b, h, k_valid, s)
+                t_mem = nbytes / ceil["copy_bytes_per_s"]
+                t_tc = flops / ceil["bf16_flops_per_s"]
+                floor = max(t_mem, t_tc)
+                ref = reference.decode(
+                    case.q[:2].double(),
+                    kv.double(),
+                    case.indices[:2],
+                    case.sm_scale,
+                    s.d_v,
+                    compute_dtype=torch.float64,
+                )
+                for name, mod in (("torch", reference), ("simt", simt), ("mma", mma)):
+
+                    def call(mod: Any = mod, c: Any = case) -> Any:
+                        return mod.decode(c.q, kv, c.indices, c.sm_scale, s.d_v)
+
+                    out, lse = call()
+                    check = compare(out[:2], lse[:2], *ref)
+                    med, p90 = timer.time(call)
+                    t = med * 1e-6
+                    if name == "mma":
+                        cfg = mma.default_config(h, s.d_v)
+                        plan = plan_splits(case.q, s.topk, cfg.block_n, b * -(-h // cfg.block_h))
+                    elif name == "simt":
+                        plan = plan_splits(case.q, s.topk, simt.DEFAULT_CONFIG.block_n, b * h)
+                    splits = 1 if name == "torch" else plan.num_splits
+                    split_bytes = 0 if splits == 1 else 2 * b * h * splits * (s.d_v + 1) * 4
+                    row = {
+                        "backend": name,
+                        "H": h,
+                        "B": b,
+                        "L": context,
+                        "K_valid": k_valid,
+                        "median_us": med,
+                        "p90_us": p90,
+                        "GB_per_s": nbytes / t / 1e9,
+                        "TFLOP_per_s": flops / t / 1e12,
+                        "floor_us": floor * 1e6,
+                        "floor_kind": "memory" if t_mem >= t_tc else "tensor",
+                        "fraction_of_floor": floor / t,
+                        "bytes": nbytes,
+                        "split_bytes": split_bytes,
+                        "splits": splits,
+                        "flops": flops,
+                        "tokens_per_s_61_layers": b / (LAYERS * t),
+                        "check_ok": check.ok,
+                        "check": str(check),
+                    }
+                    if name == "simt":
+                        row["fraction_of_simt_floor"] = flops / SIMT_SPEC_FLOPS / t
+                    if timer.cuda and b in s.graph_batches:
+                        row["graph_median_us"] = timer.time_graph(call)
+                    rows.append(row)
+                    print(_decode_line(row), flush=True)
+    return rows
+
+
+def _decode_line(r: dict[str, Any]) -> str:
+    graph = f" graph {r['graph_median_us']:8.1f}" if "graph_median_us" in r else ""
+    return (
+        f"{r['backend']:>5} H={r['H']:<3} B={r['B']:<3} L={r['L']:<5} {r['median_us']:9.1f} us (p90 {r['p90_us']:8.1f})"
+        f" {r['GB_per_s']:7.0f} GB/s {r['TFLOP_per_s']:6.1f} TF/s  {100 * r['fraction_of_floor']:5.1f}% of "
+        f"{r['floor_kind']} floor {r['floor_us']:7.1f} us  S={r['splits']:<2}{graph}  "
+        + ("ok" if r["check_ok"] else "FAIL")
+    )
+
+
+def run_gather(timer: Timer, s: Shapes, ceil: dict[str, float], device: str) -> dict[str, float]:
+    """Random-row gather over the pool with torch.index_select: the realistic ceiling for the KV reads."""
+    gen = torch.Generator(device=device).manual_seed(1)
+    kv = torch.randn((s.pool_tokens, s.d_qk), generator=gen, device=device).to(torch.bfloat16)
+    idx = torch.randint(0, s.pool_tokens, (128 * s.topk,), generator=gen, device=device)
+    med, _ = timer.time(lambda: kv.index_select(0, idx))
+    moved = 2 * idx.numel() * 2 * s.d_qk
+    return {"rows": idx.numel(), "median_us": med, "GB_per_s": moved / (med * 1e-6) / 1e9}
+
+
+def run_indexer(timer: Timer, s: Shapes, ceil: dict[str, float], device: str) -> list[dict[str, Any]]:
+    """Length-aware vs naive indexer at M = L and at the maximum context, for each (B, L)."""
+    from kernels import indexer
+    from kernels.cases import indexer_case, with_pages
+
+    dtype = torch.float8_e4m3fn
+    gen = torch.Generator(device=device).manual_seed(2)
+    rows: list[dict[str, Any]] = []
+    for b in s.index_batches:
+        for context in s.index_contexts:
+            full = indexer_case(
+                gen,
+                lengths=[context] * b,
+                pages=s.index_max // 64,
+                heads=s.index_heads,
+                dim=s.index_dim,
+                pool_pages=max(b * context // 64, 64),
+                dtype=dtype,
+            )
+            floor = b * context * IDX_TOKEN_BYTES / ceil["copy_bytes_per_s"]
+            for m in sorted({context, s.index_max}):
+                case = with_pages(full, m // 64)
+                for name, fn in (("aware", indexer.lightning_indexer), ("naive", indexer.naive_indexer_topk)):
+
+                    def call(fn: Any = fn, c: Any = case) -> Any:
+                        return fn(c.q, c.weights, c.k_cache, c.k_scale, c.page_table, c.lengths, s.topk)
+
+                    med, p90 = timer.time(call)
+                    row = {
+                        "form": name,
+                        "B": b,
+                        "L": context,
+                        "M": m,
+                        "median_us": med,
+                        "p90_us": p90,
+                        "floor_us": floor * 1e6,
+                        "fraction_of_floor": floor / (med * 1e-6),
+                    }
+                    rows.append(row)
+            for name in ("aware", "naive"):
+                at = {r["M"]: r["median_us"] for r in rows if r["form"] == name and r["B"] == b and r["L"] == context}
+                ratio = at[s.index_max] / at[context]
+                print(
+                    f"indexer {name:>5} B={b:<3} L={context:<5} M=L {at[context]:8.1f} us  M={s.index_max} "
+                    f"{at[s.index_max]:8.1f} us  ratio {ratio:5.2f}  floor {floor * 1e6:6.1f} us",
+                    flush=True,
+                )
+    return rows
+
+
+def run_sweep(timer: Timer, s: Shapes, device: str) -> list[dict[str, Any]]:
+    """A few MMA configurations and split counts at B=32, L=4096 (and H=128, B=128), with their instructions."""
+    from kernels import mma
+
+    gen = torch.Generator(device=device).manual_seed(3)
+    kv = torch.randn((s.pool_tokens, s.d_qk), generator=gen, device=device).to(torch.bfloat16)
+    C = mma.MmaConfig
+    plans = {
+        16: [C(16, 32, 4, 3), C(16, 32, 4, 2), C(16, 32, 4, 4), C(16, 64, 4, 3), C(16, 64, 8, 3), C(16, 16, 4, 3),
+             C(16, 32, 8, 3), C(16, 32, 4, 3, split_p=False), C(64, 32, 8, 2)],
+        128: [C(64, 32, 8, 2), C(64, 32, 8, 2, split_p=False), C(64, 16, 8, 2), C(64, 32, 4, 2), C(64, 64, 8, 2),
+              C(32, 32, 4, 2), C(32, 32, 8, 3), C(16, 32, 4, 3)],
+    }  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    for h, configs in plans.items():
+        for b in (32, 128) if h == 128 else (32,):
+            case = bench_decode_case(gen, b, h, 4096, s)
+            for cfg in configs:
+                for splits in (None, 1, 2, 4, 8) if cfg == configs[0] else (None,):
+                    try:
+                        asm = mma.matrix_instructions(
+                            case.q, kv, case.indices, case.sm_scale, s.d_v, config=cfg, num_splits=splits
+                        )
+
+                        def call(cfg: Any = cfg, splits: Any = splits, c: Any = case) -> Any:
+                            return mma.decode(c.q, kv, c.indices, c.sm_scale, s.d_v, config=cfg, num_splits=splits)
+
+                        med, _ = timer.time(call)
+                        err = ""
+                    except Exception as exc:  # a config that does not compile is a result, not a crash
+                        med, asm, err = float("nan"), {}, f"{type(exc).__name__}: {exc}"[:300]
+                    row = {"H": h, "B": b, "config": asdict(cfg), "splits": splits, "median_us": med, "asm": asm}
+                    if err:
+                        row["error"] = err
+                    rows.append(row)
+                    print(f"sweep H={h} B={b} {asdict(cfg)} splits={splits} {med:8.1f} us {asm} {err}", flush=True)
+    return rows
+
+
+def instructions(s: Shapes, device: str) -> dict[str, Any]:
+    """The default MMA kernel's matrix instructions at H=16 and H=128 (B=32, K=2048)."""
+    from kernels import mma
+
+    gen = torch.Generator(device=device).manual_seed(4)
+    kv = torch.randn((s.pool_tokens, s.d_qk), generator=gen, device=device).to(torch.bfloat16)
+    res = {}
+    for h in s.heads:
+        case = bench_decode_case(gen, 32 if device == "cuda" else 2, h, 4096, s)
+        res[f"H={h}"] = {"config": asdict(mma.default_config(h, s.d_v))}
+        if device == "cuda":
+            res[f"H={h}"].update(mma.matrix_instructions(case.q, kv, case.indices, case.sm_scale, s.d_v))
+    return res
+
+
+def environment(cuda: bool) -> dict[str, Any]:
+    import triton
+
+    env = {
+        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "command": COMMAND + " " + " ".join(sys.argv[1:]),
+    }
+    if cuda:
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, sms=props.multi_processor_count, l2_bytes=getattr(props, "L2_cache_size", None))
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print the table; write JSON when asked. Exit 2 when no GPU is there to measure."""
+    parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", metavar="FILE", help="write all figures here as JSON")
+    parser.add_argument("--sweep", action="store_true", help="also sweep a few MMA configurations")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes; runs on CPU under TRITON_INTERPRET=1")
+    parser.add_argument("--skip", action="append", default=[], choices=["decode", "indexer"], help="leave a part out")
+    args = parser.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.smoke:
+        print("kernels.bench measures a CUDA GPU and none is visible; use --smoke for a CPU check", file=sys.stderr)
+        return 2
+    if not cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernels module imports triton
+    shapes = SMOKE if args.smoke else FULL
+    device = "cuda" if cuda else "cpu"
+    timer = Timer(cuda)
+    report: dict[str, Any] = {"environment": environment(cuda), "shapes": asdict(shapes)}
+    report["ceilings"] = ceil = measure_ceilings(timer, device)
+    print(
+        f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['bf16_flops_per_s'] / 1e12:.0f}"
+        " TFLOP/s",
+        flush=True,
+    )
+    if cuda:
+        report["launch_floor"] = launch_floor(timer)
+        report["gather"] = run_gather(timer, shapes, ceil, device)
+        print(f"launch floor {report['launch_floor']}; gather {report['gather']}", flush=True)
+    report["instructions"] = instructions(shapes, device)
+    print(f"instructions: {report['instructions']}", flush=True)
+    if args.sweep and cuda:
+        report["sweep"] = run_sweep(timer, shapes, device)
+    if "decode" not in args.skip:
+        report["decode"] = run_decode(timer, shapes, ceil, device)
+    if "indexer" not in args.skip:
+        report["indexer"] = run_indexer(timer, shapes, ceil, device)
+    report["summary"] = summary(report, shapes)
+    print(json.dumps(report["summary"], indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+def summary(report: dict[str, Any], s: Shapes) -> dict[str, Any]:
+    """The figures the issue's goals are judged by."""
+    out: dict[str, Any] = {}
+    dec = report.get("decode", [])
+
+    def pick(backend: str, h: int, b: int, context: int) -> dict[str, Any] | None:
+        return next((r for r in dec if (r["backend"], r["H"], r["B"], r["L"]) == (backend, h, b, context)), None)
+
+    for h in s.heads:
+        for b in s.batches:
+            for context in s.contexts:
+                m, t = pick("mma", h, b, context), pick("simt", h, b, context)
+                if m and t:
+                    key = f"H={h} B={b} L={context}"
+                    out[key] = {
+                        "mma_fraction_of_floor": round(m["fraction_of_floor"], 3),
+                        "mma_over_simt": round(t["median_us"] / m["median_us"], 2),
+                    }
+    for r in report.get("indexer", []):
+        if r["M"] == s.index_max and r["L"] != s.index_max:
+            base = next(
+                x["median_us"]
+                for x in report["indexer"]
+                if (x["form"], x["B"], x["L"], x["M"]) == (r["form"], r["B"], r["L"], r["L"])
+            )
+            out[f"indexer {r['form']} B={r['B']} L={r['L']} M={s.index_max}/M=L"] = round(r["median_us"] / base, 2)
+    out["all_checks_ok"] = all(r["check_ok"] for r in dec)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -92,7 +92,7 @@ class Timer:
         if self.cuda:
             import triton.testing
 
-            med, p90 = triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=[0.5, 0.9])
+            med, p90 = triton.testing.do_bench(fn, warmup=15, rep=60, quantiles=[0.5, 0.9])
             return med * 1e3, p90 * 1e3
         fn()
         runs = []

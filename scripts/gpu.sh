@@ -29,9 +29,9 @@ for s in "${sections[@]}"; do
                wait || rc=1; tail -3 "$OUT/train-b.log" ;;
     # kernels: GPU tests at full shapes (no conftest: its fixtures need packages the device lacks), then the
     # benchmark with a small MMA sweep. KERNELS_BENCH_ARGS adds options (e.g. --skip indexer).
-    kernels)   timeout 300 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider \
+    kernels)   timeout 180 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider \
                  tests/test_kernels.py tests/test_kernels_indexer.py 2>&1 | tee "$OUT/kernels-tests.log" || rc=1
-               timeout 420 python3 -m kernels.bench --sweep ${KERNELS_BENCH_ARGS:-} --json "$OUT/kernels-bench.json" \
+               timeout 330 python3 -m kernels.bench --sweep ${KERNELS_BENCH_ARGS:-} --json "$OUT/kernels-bench.json" \
                  2>&1 | tee "$OUT/kernels-bench.txt" || rc=1 ;;
     refserver) python3 -m campaign.refserver.gpucheck --json "$OUT/refserver-gpu.json" 2>&1 | tee "$OUT/refserver-gpu.txt" || rc=1 ;;
     *) echo "unknown section: $s (kernels, refserver, train)"; rc=2 ;;

@@ -133,17 +133,24 @@ class _Line:
 
 
 def _compile(patterns: Any, where: str) -> tuple[re.Pattern[str], ...]:
+    """One regex per list: the alternation of the list's patterns (one search per line instead of one per pattern)."""
     if patterns is None:
         return ()
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
         raise ConfigError("expected a list of regular expressions", file="signatures.yaml", field=where)
-    out = []
     for p in patterns:
         try:
-            out.append(re.compile(p, re.IGNORECASE))
+            re.compile(p)
         except re.error as e:
             raise ConfigError(f"bad regular expression {p!r}: {e}", file="signatures.yaml", field=where) from e
-    return tuple(out)
+    if not patterns:
+        return ()
+    return (re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE),)
+
+
+def _each(patterns: Any, where: str) -> tuple[re.Pattern[str], ...]:
+    """One regex per pattern, for lists whose every member must match (a rule's ``all``)."""
+    return tuple(rx for p in (patterns or []) for rx in _compile([p], where))
 
 
 def parse_signatures(text: str) -> Signatures:
@@ -173,7 +180,7 @@ def parse_signatures(text: str) -> Signatures:
                 confidence=float(raw.get("confidence", 0.8)),
                 patterns=_compile(raw.get("patterns"), f"{where}.patterns"),
                 exclude=_compile(raw.get("exclude"), f"{where}.exclude"),
-                requires=_compile(raw.get("all"), f"{where}.all"),
+                requires=_each(raw.get("all"), f"{where}.all"),
                 any_level=bool(raw.get("any_level", False)),
                 weak=bool(raw.get("weak", False)),
                 example=str(raw.get("example", "")),
@@ -230,7 +237,8 @@ def _lines(log: str) -> list[_Line]:
 
 
 def _matches(patterns: Sequence[re.Pattern[str]], line: _Line) -> bool:
-    return any(p.search(line.message) or p.search(line.text) for p in patterns)
+    # The message (prefixes peeled) is what rules are written against: "^Killed$", "^usage:".
+    return any(p.search(line.message) for p in patterns)
 
 
 def _rule_lines(rule: Rule, lines: Sequence[_Line]) -> list[_Line]:

@@ -16,17 +16,18 @@ from collections.abc import Iterable
 ANSI = re.compile(r"(?:\x1b|\^\[)\[[0-9;?]*[A-Za-z]")
 
 # Prefixes that logging frameworks put before the message. They carry only time, process and rank.
-_PREFIXES = [
-    re.compile(r"^\s*\|\s+"),  # docker compose "  | "
-    re.compile(r"^[\w.-]+\s+\|\s"),  # "ollama  | "
-    re.compile(r"^\s*\([^()]{0,80}\bpid=\d+[^()]{0,80}\)\s*"),  # vLLM "(VllmWorker rank=1 pid=115) "
-    re.compile(r"^\s*\[rank\d+\]:\s*"),  # torch "[rank0]:"
-    re.compile(r"^\s*\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[.,\d]*Z?\s*"),  # ISO timestamps
-    re.compile(r"^\s*\[[^\[\]]{0,80}\d[^\[\]]{0,80}\]\s+"),  # "[2025-10-06 20:05:22 DP0 TP0] ", "[gpu_id=0] "
-    re.compile(
-        r"^\s*(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[?[\w.]+:\d+\]\s*"
-    ),
+_PREFIX_PATTERNS = [
+    r"\s*\|\s+",  # docker compose "  | "
+    r"[\w.-]+\s+\|\s",  # "ollama  | "
+    r"\s*\([^()]{0,80}\bpid=\d+[^()]{0,80}\)\s*",  # vLLM "(VllmWorker rank=1 pid=115) "
+    r"\s*\[rank\d+\]:\s*",  # torch "[rank0]:"
+    r"\s*\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[.,\d]*Z?\s*",  # ISO timestamps
+    r"\s*\[[^\[\]]{0,80}\d[^\[\]]{0,80}\]\s+",  # "[2025-10-06 20:05:22 DP0 TP0] ", "[gpu_id=0] "
+    # vLLM "ERROR 05-08 19:06:38 [multiproc_executor.py:962] "
+    r"\s*(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d\d-\d\d [\d:.]+\s+\[?[\w.]+:\d+\]\s*",
 ]
+# One anchored alternation: a log has millions of lines, and most have one prefix or none.
+_PREFIX = re.compile("^(?:" + "|".join(f"(?:{p})" for p in _PREFIX_PATTERNS) + ")")
 
 _SUBSTITUTIONS = [
     (re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),  # pointers and addresses
@@ -43,12 +44,11 @@ def strip_prefix(line: str) -> str:
     """The message part of one log line: colour codes and logging prefixes (time, pid, rank, level) removed."""
     text = ANSI.sub("", line).rstrip("\r\n")
     # Prefixes nest ("(Worker pid=1) ERROR 05-08 19:06:38 [x.py:9] [rank0]: ..."): peel until nothing changes.
-    for _ in range(6):
-        before = text
-        for prefix in _PREFIXES:
-            text = prefix.sub("", text, count=1)
-        if text == before:
+    for _ in range(8):
+        m = _PREFIX.match(text)
+        if m is None or m.end() == 0:
             break
+        text = text[m.end() :]
     return text.strip()
 
 

@@ -61,7 +61,7 @@ _AFTER_READY_PHASES = {"smoke", "bench"}
 _QUIET_LEVELS = {"DEBUG", "INFO", "WARNING", "WARN", "W", "I"}
 _LEVEL = re.compile(r"(?:^|[\s\]|(])\[?(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?(?=[\s:|\]]|$)")
 _LEVEL_KV = re.compile(r"\blevel=(\w+)")
-_LEVEL_GLOG = re.compile(r"(?:^|\]:?)\[([WIEF]) |^([WIEF])\d{4} ")
+_LEVEL_GLOG = re.compile(r"(?:^|\]:?)\[([WIEF]) |(?:^|\]:?)([WIEF])\d{4} ")
 _FRAME = re.compile(r'^\s*File "[^"]+", line \d+')
 _MAX_EVIDENCE = 6
 _FRAME_LOOKBACK = 30
@@ -213,15 +213,14 @@ def signatures() -> Signatures:
 
 
 def _level_is_quiet(message: str) -> bool:
+    """True when the line's logging level is below ERROR.
+
+    A harness that re-logs the server's output nests levels ("- INFO - ERROR 08-13 ... engine.py:400] CUDA error"):
+    the line is quiet only when every level word in its head is.
+    """
     head = message[:100]
-    found: list[tuple[int, str]] = []
-    for rx in (_LEVEL, _LEVEL_KV, _LEVEL_GLOG):
-        m = rx.search(head)
-        if m:
-            found.append((m.start(), next(g for g in m.groups() if g)))
-    if not found:
-        return False
-    return min(found)[1].upper() in _QUIET_LEVELS
+    levels = [next(g for g in m.groups() if g) for rx in (_LEVEL, _LEVEL_KV, _LEVEL_GLOG) for m in rx.finditer(head)]
+    return bool(levels) and all(level.upper() in _QUIET_LEVELS for level in levels)
 
 
 def _lines(log: str) -> list[_Line]:

@@ -121,6 +121,16 @@ class GateResult(BaseModel):
     detail: str
 
 
+class Restore(BaseModel):
+    """What happened after a failure: the known-good relaunched and proven, or not."""
+
+    outcome: Literal["not_needed", "restored", "failed"] = "not_needed"
+    variant: str | None = None
+    spec_hash: str | None = None
+    attempt: int | None = None
+    detail: str | None = None
+
+
 class Attempt(BaseModel):
     """One launch of one variant: its phases, timings, outcome, smoke, bench, diagnosis."""
 
@@ -148,17 +158,9 @@ class Attempt(BaseModel):
     log_file: str | None = None
     #: Where the attempt ran on the host (the per-attempt folder).
     remote_dir: str | None = None
+    #: For a failed attempt: how the box was put back on its known-good afterwards.
+    restore: Restore | None = None
     note: str | None = None
-
-
-class Restore(BaseModel):
-    """What happened after a failure: the known-good relaunched and proven, or not."""
-
-    outcome: Literal["not_needed", "restored", "failed"] = "not_needed"
-    variant: str | None = None
-    spec_hash: str | None = None
-    attempt: int | None = None
-    detail: str | None = None
 
 
 class Final(BaseModel):

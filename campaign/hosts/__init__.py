@@ -1,5 +1,32 @@
-"""Where commands run: the Host protocol and its implementations (local, SSH)."""
+"""Where commands run: the Host protocol and its implementations (local, SSH, a plain function for tests)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from campaign.hosts.base import Host, Result
 
-__all__ = ["Host", "Result"]
+if TYPE_CHECKING:
+    from campaign.config import LocalHostConfig, SSHHostConfig
+
+__all__ = ["Host", "Result", "open_host"]
+
+
+def open_host(config: LocalHostConfig | SSHHostConfig, *, accept_new_host_key: bool = False) -> Host:
+    """Connect to the host an experiment names (paramiko is imported only for SSH hosts)."""
+    if config.kind == "local":
+        from campaign.hosts.local import LocalHost
+
+        return LocalHost()
+    from campaign.hosts.ssh import SSHHost
+
+    return SSHHost.connect(
+        config.host,
+        user=config.user,
+        port=config.port,
+        key_filename=config.key,
+        known_hosts=config.known_hosts,
+        accept_new_host_key=config.accept_new_host_key or accept_new_host_key,
+        ssh_config=config.ssh_config,
+        connect_timeout=config.connect_timeout,
+    )

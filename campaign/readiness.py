@@ -1,0 +1,197 @@
+"""Readiness: follow the log from a byte offset, probe health, watch the group; name the phase a start stalled in.
+
+Ready means three signals at once: the process group is alive, the recipe's ready marker appeared in the log, and
+the health endpoint answers 200 (``/v1/models`` is not used: it answers before warm-up). The loop polls every
+``poll_s`` (0.1 s by default): it reads only the bytes appended since the last poll, so a long log is never
+re-read, and it checks liveness every poll, so a death is noticed well within a second.
+
+``ready_detect_lag_s`` is measured, not assumed: when the marker first shows up, the log file's mtime on the host
+(corrected by the host's clock offset) dates the ready line; the lag is the time from then to the moment the
+three signals held. Lines appended after the marker in the same poll can only make the figure smaller by the
+time between them, which the poll interval bounds.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from campaign.hosts.base import Host
+from campaign.records import LaunchSpec, PhaseMark
+from campaign.server import Running, ServerControl
+
+q = shlex.quote
+LineCallback = Callable[[int, str], None]
+PhaseCallback = Callable[[str], None]
+READ_CHUNK = 1 << 20
+
+
+class LogFollower:
+    """Reads a file on a host incrementally from a byte offset and yields complete lines with their numbers."""
+
+    def __init__(self, host: Host, path: str, offset: int = 0) -> None:
+        self.host = host
+        self.path = path
+        self.offset = offset
+        self.lines_seen = 0
+        self._partial = b""
+
+    def poll(self) -> list[tuple[int, str]]:
+        """New complete lines (1-based number, text) since the last poll."""
+        out: list[tuple[int, str]] = []
+        while True:
+            data = self.host.read_file(self.path, offset=self.offset, limit=READ_CHUNK)
+            if not data:
+                break
+            self.offset += len(data)
+            buf = self._partial + data
+            *complete, self._partial = buf.split(b"\n")
+            for raw in complete:
+                self.lines_seen += 1
+                out.append((self.lines_seen, raw.decode(errors="replace").rstrip("\r")))
+            if len(data) < READ_CHUNK:
+                break
+        return out
+
+    def flush(self) -> list[tuple[int, str]]:
+        """Everything left, the unterminated last line included (for a server that died mid-line)."""
+        out = self.poll()
+        if self._partial:
+            self.lines_seen += 1
+            out.append((self.lines_seen, self._partial.decode(errors="replace")))
+            self._partial = b""
+        return out
+
+
+@dataclass
+class Readiness:
+    """The outcome of waiting for a server to become ready."""
+
+    ready: bool
+    phase: str
+    phases: list[PhaseMark] = field(default_factory=list)
+    died: bool = False
+    timed_out: bool = False
+    exit_code: int | None = None
+    launch_to_ready_s: float | None = None
+    ready_detect_lag_s: float | None = None
+    detail: str = ""
+    last_line: str = ""
+
+
+def clock_offset(host: Host) -> float:
+    """The host's clock minus ours, in seconds (midpoint of one round trip; 0 where the host has no %N)."""
+    t0 = time.time()
+    res = host.run("date +%s.%N", timeout=10)
+    t1 = time.time()
+    try:
+        return float(res.stdout.strip()) - (t0 + t1) / 2
+    except ValueError:
+        return 0.0
+
+
+def health_status(base_url: str, path: str, timeout: float = 2.0) -> int | None:
+    """HTTP status of the health endpoint, or None when nothing answers (refused, reset, timed out)."""
+    try:
+        return httpx.get(base_url + path, timeout=timeout).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def wait_ready(
+    control: ServerControl,
+    running: Running,
+    spec: LaunchSpec,
+    *,
+    deadline_s: float,
+    poll_s: float = 0.1,
+    offset_s: float = 0.0,
+    on_line: LineCallback | None = None,
+    on_phase: PhaseCallback | None = None,
+) -> Readiness:
+    """Poll until the three readiness signals hold, the group dies, or ``deadline_s`` passes."""
+    host = control.host
+    follower = LogFollower(host, running.log_path)
+    marker = re.compile(spec.ready_marker)
+    phase_rx = {name: re.compile(rx) for name, rx in spec.phases.items()}
+    base_url = host.url(spec.port)
+    t_start = running.started_at
+    deadline = time.monotonic() + deadline_s
+    phase = "launch"
+    phases: list[PhaseMark] = []
+    marker_line_at: float | None = None
+    last_line = ""
+
+    def take(lines: list[tuple[int, str]]) -> None:
+        nonlocal phase, marker_line_at, last_line
+        for number, text in lines:
+            if text.strip():
+                last_line = text
+            if on_line is not None:
+                on_line(number, text)
+            for name, rx in phase_rx.items():
+                if rx.search(text) and not any(p.name == name for p in phases):
+                    phases.append(PhaseMark(name=name, at_s=round(time.time() - t_start, 3), line=number))
+                    phase = name
+                    if on_phase is not None:
+                        on_phase(name)
+            if marker_line_at is None and marker.search(text):
+                marker_line_at = _mtime(host, running.log_path) - offset_s
+                if not any(p.name == "ready" for p in phases):
+                    phases.append(PhaseMark(name="ready", at_s=round(time.time() - t_start, 3), line=number))
+                phase = "ready"
+
+    while True:
+        take(follower.poll())
+        if marker_line_at is not None:
+            status = health_status(base_url, spec.health_path)
+            if status == 200 and control.alive(running.pgid):
+                now = time.time()
+                return Readiness(
+                    ready=True,
+                    phase="ready",
+                    phases=phases,
+                    launch_to_ready_s=round(now - t_start, 3),
+                    ready_detect_lag_s=round(max(0.0, now - marker_line_at), 4),
+                    detail=f"ready: marker seen and {spec.health_path} answered 200",
+                    last_line=last_line,
+                )
+        if not control.alive(running.pgid):
+            take(follower.flush())
+            code = control.exit_code(running.remote_dir)
+            how = f"exit status {code}" if code is not None else "no exit status recorded"
+            return Readiness(
+                ready=False,
+                phase=phase,
+                phases=phases,
+                died=True,
+                exit_code=code,
+                detail=f"the server died during {phase} ({how})",
+                last_line=last_line,
+            )
+        if time.monotonic() >= deadline:
+            take(follower.flush())
+            waiting = "the health endpoint" if marker_line_at is not None else "the ready marker"
+            return Readiness(
+                ready=False,
+                phase=phase,
+                phases=phases,
+                timed_out=True,
+                detail=f"not ready after {deadline_s:g} s: stalled in {phase}, waiting for {waiting}",
+                last_line=last_line,
+            )
+        time.sleep(poll_s)
+
+
+def _mtime(host: Host, path: str) -> float:
+    """The file's modification time on the host, in the host's clock (seconds with a fraction)."""
+    res = host.run(f"stat -c %.9Y {q(path)} 2>/dev/null || stat -c %Y {q(path)}", timeout=10)
+    try:
+        return float(res.stdout.strip().splitlines()[0])
+    except (ValueError, IndexError):
+        return time.time()

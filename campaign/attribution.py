@@ -19,7 +19,7 @@ from the baseline back to its baseline value, one at a time, skipping what was a
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -27,6 +27,8 @@ from pydantic import BaseModel, Field
 from campaign.records import Attempt, KnobValue
 
 _ROLES = ("variant", "isolation")
+#: Knobs that change where a server listens, not what it runs: never a cause, never worth an isolation run.
+NUISANCE_KNOBS = frozenset({"port"})
 _MAX_CONJUNCTION = 3
 
 
@@ -79,6 +81,10 @@ def _full(knobs: Mapping[str, KnobValue], baseline: Mapping[str, KnobValue]) -> 
     return {**baseline, **knobs}
 
 
+def _drop(knobs: Mapping[str, KnobValue], ignore: Collection[str]) -> dict[str, KnobValue]:
+    return {k: v for k, v in knobs.items() if k not in ignore}
+
+
 def _same(a: Mapping[str, KnobValue], b: Mapping[str, KnobValue]) -> bool:
     return a.keys() == b.keys() and all(a[k] == b[k] and type(a[k]) is type(b[k]) for k in a)
 
@@ -87,15 +93,19 @@ def plan_isolation(
     failed: Mapping[str, KnobValue],
     baseline: Mapping[str, KnobValue],
     tried: Sequence[Mapping[str, KnobValue]],
+    *,
+    ignore: Collection[str] = NUISANCE_KNOBS,
 ) -> list[dict[str, KnobValue]]:
     """The extra runs that localise a failure: ``failed`` with one differing knob set back to baseline, each untried.
 
     Knobs the failed variant sets but the baseline does not are dropped (the recipe's default is the baseline for
     them). ``tried`` holds the knob assignments already run; baseline values fill what each of them leaves out.
     """
-    done = [_full(t, baseline) for t in tried]
+    done = [_drop(_full(t, baseline), ignore) for t in tried]
     plan: list[dict[str, KnobValue]] = []
     for knob, value in failed.items():
+        if knob in ignore:
+            continue
         if knob in baseline and baseline[knob] == value and type(baseline[knob]) is type(value):
             continue
         toggled = dict(failed)
@@ -103,8 +113,8 @@ def plan_isolation(
             toggled[knob] = baseline[knob]
         else:
             del toggled[knob]
-        full = _full(toggled, baseline)
-        if any(_same(full, d) for d in done) or any(_same(full, _full(p, baseline)) for p in plan):
+        full = _drop(_full(toggled, baseline), ignore)
+        if any(_same(full, d) for d in done) or any(_same(full, _drop(_full(p, baseline), ignore)) for p in plan):
             continue
         plan.append(toggled)
     return plan
@@ -248,14 +258,24 @@ def _finding_for(
     )
 
 
-def attribute(attempts: Sequence[Attempt], baseline: Mapping[str, KnobValue]) -> list[Finding]:
-    """One finding per failure kind seen among the variant and isolation attempts, in order of first failure."""
+def attribute(
+    attempts: Sequence[Attempt],
+    baseline: Mapping[str, KnobValue],
+    *,
+    ignore: Collection[str] = NUISANCE_KNOBS,
+) -> list[Finding]:
+    """One finding per failure kind seen among the variant and isolation attempts, in order of first failure.
+
+    Knobs in ``ignore`` (by default ``port``) are left out of the analysis: they differ between attempts without
+    changing what runs.
+    """
     considered = [a for a in attempts if a.role in _ROLES and a.outcome in ("passed", "failed")]
-    tried = [_full(a.knobs, baseline) for a in considered]
-    passed = [(a.index, _full(a.knobs, baseline)) for a in considered if a.outcome == "passed"]
+    baseline = _drop(baseline, ignore)
+    tried = [_drop(_full(a.knobs, baseline), ignore) for a in considered]
+    passed = [(a.index, _drop(_full(a.knobs, baseline), ignore)) for a in considered if a.outcome == "passed"]
     by_kind: dict[str, list[tuple[int, dict[str, KnobValue]]]] = {}
     for a in considered:
         if a.outcome == "failed":
             kind = a.diagnosis.kind if a.diagnosis is not None else "unknown"
-            by_kind.setdefault(kind, []).append((a.index, _full(a.knobs, baseline)))
+            by_kind.setdefault(kind, []).append((a.index, _drop(_full(a.knobs, baseline), ignore)))
     return [_finding_for(kind, pos, passed, baseline, tried) for kind, pos in by_kind.items()]

@@ -150,3 +150,17 @@ def test_findings_render_with_the_statement_and_the_runs_to_settle() -> None:
     assert "to settle, run: attention=torch, torch_compile=on, cuda_graph=on" in text
     render_findings(console, [])
     assert "no failures to explain" in console.export_text()
+
+
+def test_the_port_each_attempt_listened_on_is_not_a_suspect() -> None:
+    grid = itertools.product(["simt", "mma"], [True, False])
+    matrix: list[dict[str, KnobValue]] = [
+        {"attention": a, "torch_compile": False, "cuda_graph": g, "port": 30001 + i} for i, (a, g) in enumerate(grid)
+    ]
+    attempts = [_attempt(i, k, _run(k, "cuda_graph", "unsupported_hardware")) for i, k in enumerate(matrix)]
+    (finding,) = attribute(attempts, {**BASELINE, "port": 30000})
+    assert finding.status == "explained"
+    assert finding.cause == {"cuda_graph": True}
+    assert "port" not in finding.independent_of
+    failed = matrix[0]
+    assert all(run["port"] == failed["port"] for run in plan_isolation(failed, {**BASELINE, "port": 30000}, [failed]))

@@ -57,7 +57,9 @@ KINDS = (
 )
 
 _PHASE_ALIASES = {"capture": "graph_capture", "cuda_graph": "graph_capture", "graph": "graph_capture"}
-_AFTER_READY_PHASES = {"smoke", "bench"}
+_AFTER_READY_PHASES = {"smoke", "bench", "gates"}
+#: Phases that say nothing about where startup got (the loop's name for "no marker seen yet").
+_NO_PHASE = {"launch", ""}
 _QUIET_LEVELS = {"DEBUG", "INFO", "WARNING", "WARN", "W", "I"}
 _LEVEL = re.compile(r"(?:^|[\s\]|(])\[?(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?(?=[\s:|\]]|$)")
 _LEVEL_KV = re.compile(r"\blevel=(\w+)")
@@ -373,7 +375,7 @@ def _not_ready(ctx: _Context) -> Diagnosis:
     crashes = _crash_lines(ctx)
     crashed = bool(crashes) or (ctx.exit_code is not None and ctx.exit_code != 0)
     derived, phase_line = _furthest_phase(ctx)
-    phase = _PHASE_ALIASES.get(ctx.phase or "", ctx.phase) if ctx.phase else derived
+    phase = _PHASE_ALIASES.get(ctx.phase, ctx.phase) if ctx.phase not in _NO_PHASE and ctx.phase else derived
     wrappers = [ln for ln in ctx.lines if _matches(ctx.sigs.capture_wrappers, ln)]
     in_capture = phase == "graph_capture"
     capture_begin = phase_line if derived == "graph_capture" else None
@@ -454,7 +456,9 @@ def diagnose(
     post_ready_phase = (phase or "") in _AFTER_READY_PHASES
     # A smoke result exists only if the loop saw the server ready, whatever the log shows.
     loop_saw_ready = smoke is not None or (timings is not None and timings.launch_to_ready_s is not None)
-    became_ready = ready is not None or post_ready_phase or loop_saw_ready
+    # A ready line whose health check never answered before the deadline is a stall, not a healthy server.
+    log_ready = ready is not None and not (timed_out and not loop_saw_ready)
+    became_ready = log_ready or post_ready_phase or loop_saw_ready
     if not became_ready:
         return _not_ready(ctx)
 
@@ -482,6 +486,8 @@ def diagnose(
 
     evidence = [ready] if ready else []
     where = f"ready at line {ready.number}" if ready else "the loop saw it ready"
+    if phase in _AFTER_READY_PHASES and phase != "smoke":
+        where += f"; the server log shows no failure, the attempt failed in phase {phase!r}"
     return _diagnosis(ctx, "healthy", 0.9, evidence, where)
 
 

@@ -224,3 +224,22 @@ def test_a_diagnosis_renders_kind_evidence_with_line_numbers_and_hint() -> None:
     assert f"{d.evidence[0].line} " in text and "operation not permitted when stream is capturing" in text
     assert "next step:" in text and "--disable-cuda-graph" in text
     assert f"fingerprint {d.fingerprint}" in text
+
+
+def test_a_ready_line_without_a_healthy_endpoint_by_the_deadline_is_a_stall() -> None:
+    log = (DATA / "variants" / "healthy--refserver-cpu.log").read_text()
+    d = diagnose(log, server="refserver", timed_out=True, phase="ready")
+    assert d.kind == "startup_timeout"
+    assert "'ready'" in d.summary
+
+
+def test_a_gate_failure_on_a_healthy_server_is_not_blamed_on_the_log() -> None:
+    log = (DATA / "variants" / "healthy--refserver-cpu.log").read_text()
+    d = diagnose(log, server="refserver", phase="gates", timings=Timings(launch_to_ready_s=1.2))
+    assert d.kind == "healthy"
+    assert "'gates'" in d.summary
+
+
+def test_the_loops_launch_phase_means_no_phase_seen() -> None:
+    capture = "[2026-12-01 10:00:01 TP0] Capture cuda graph begin. This can take up to several minutes.\n"
+    assert diagnose(capture, timed_out=True, phase="launch").kind == "cuda_graph_capture_failed"

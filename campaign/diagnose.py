@@ -66,6 +66,7 @@ _LEVEL_KV = re.compile(r"\blevel=(\w+)")
 _LEVEL_GLOG = re.compile(r"(?:^|\]:?)\[([WIEF]) |(?:^|\]:?)([WIEF])\d{4} ")
 _FRAME = re.compile(r'^\s*File "[^"]+", line \d+')
 _MAX_EVIDENCE = 6
+_MAX_LINE = 8000
 _FRAME_LOOKBACK = 30
 
 
@@ -229,11 +230,13 @@ def _lines(log: str) -> list[_Line]:
     out = []
     # Split on "\n" only so line numbers match what an editor shows; progress bars redraw with "\r" inside a line.
     for i, raw in enumerate(log.split("\n"), start=1):
+        # A progress bar redrawn for an hour is one "line" of megabytes: its tail is what it last said.
+        if len(raw) > _MAX_LINE:
+            raw = raw[: _MAX_LINE // 2] + raw[-_MAX_LINE // 2 :]
         text = ANSI.sub("", raw).rstrip("\r")
         if not text.strip():
             continue
-        message = strip_prefix(text)
-        out.append(_Line(i, text, message, _level_is_quiet(ANSI.sub("", raw))))
+        out.append(_Line(i, text, strip_prefix(text), _level_is_quiet(text)))
     return out
 
 

@@ -243,3 +243,18 @@ def test_a_gate_failure_on_a_healthy_server_is_not_blamed_on_the_log() -> None:
 def test_the_loops_launch_phase_means_no_phase_seen() -> None:
     capture = "[2026-12-01 10:00:01 TP0] Capture cuda graph begin. This can take up to several minutes.\n"
     assert diagnose(capture, timed_out=True, phase="launch").kind == "cuda_graph_capture_failed"
+
+
+def test_an_empty_log_is_judged_by_the_exit_status_alone() -> None:
+    assert diagnose("").kind == "healthy"
+    assert diagnose("").confidence < 0.5
+    assert diagnose("", exit_code=1).kind == "unknown"
+    assert diagnose("", exit_code=137).kind == "host_oom_killed"
+    assert diagnose("", timed_out=True).kind == "startup_timeout"
+
+
+def test_a_megabyte_progress_bar_line_does_not_hide_the_error_after_it() -> None:
+    bar = "Capturing batches: " + "\r 10%|#   | 1/10 [00:01<00:09]" * 100_000
+    d = diagnose(bar + "\nRuntimeError: CUDA error: an illegal memory access was encountered\n")
+    assert d.kind == "illegal_memory_access"
+    assert d.evidence[0].line == 2

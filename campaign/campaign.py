@@ -15,6 +15,7 @@ Policies, in order of importance:
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,6 +114,7 @@ class Campaign:
         self.redact = Redactor([p.spec for p in self.planned] + ([known.spec] if known else []))
         self.bench_settings = self.exp.bench_settings()
         self.baseline_bench: dict[str, Any] | None = None
+        self._offset = 0.0
         self.report = RunReport(
             run_id=store.new_run_id(self.exp.name),
             experiment=self.exp.name,
@@ -203,7 +205,7 @@ class Campaign:
                 args=raw.args if raw is not None else [],
                 env=raw.env if raw is not None else {},
             )
-            ipv = render(self.loaded.recipe, variant, self.exp.baseline, self.exp.vars)
+            ipv = render(self.loaded.recipe, variant, self.exp.baseline, self._vars())
             tried.append(dict(knobs))
             self._attempt(ipv, "isolation")
 
@@ -325,6 +327,7 @@ class Campaign:
         att.exit_code = ready.exit_code
         timings.launch_to_ready_s = ready.launch_to_ready_s
         timings.ready_detect_lag_s = ready.ready_detect_lag_s
+        timings.death_detect_lag_s = ready.death_detect_lag_s
         failed_phase: str | None = None
         if not ready.ready:
             failed_phase = ready.phase
@@ -406,6 +409,12 @@ class Campaign:
                     return "gates"
         return None
 
+    def _vars(self) -> dict[str, str]:
+        tmpl_vars = dict(self.exp.vars)
+        if self.exp.host.kind == "local":
+            tmpl_vars.setdefault("python", sys.executable)
+        return tmpl_vars
+
     # -- report extras ------------------------------------------------------------------------------------
 
     def _attribute(self) -> None:
@@ -466,3 +475,43 @@ def _show(v: Any) -> str:
 
 def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._=,+-~" else "_" for c in name)[:120]
+
+
+def restore_now(loaded: Loaded, host: Host, store: Store, *, on_event: EventSink | None = None) -> RunReport:
+    """`campaign restore`: relaunch the host's known-good and prove it, recorded as a run of its own."""
+    camp = Campaign(loaded, host, store, on_event=on_event)
+    report = camp.report
+    known = store.known_good(host.name)
+    if known is None:
+        from campaign.errors import RestoreFailed
+
+        raise RestoreFailed(
+            f"no known-good configuration is recorded for {host.name}",
+            hint="run an experiment whose baseline passes first; it becomes the known-good",
+        )
+    lock = HostLock(host, camp.control.workdir, report.run_id, loaded.experiment.name)
+    lock.acquire()
+    try:
+        camp._offset = clock_offset(host)
+        report.environment = camp._environment()
+        pv = PlannedVariant(name=known.variant, knobs={}, spec=known.spec)
+        att = camp._attempt(pv, "restore", bench=False)
+        ok = att.outcome == "passed"
+        report.restores.append(
+            Restore(
+                outcome="restored" if ok else "failed",
+                variant=known.variant,
+                spec_hash=known.spec_hash,
+                attempt=att.index,
+                detail=att.note,
+            )
+        )
+        report.status = "passed" if ok else "restore_failed"
+        report.final = Final(variant=known.variant, spec_hash=known.spec_hash, healthy=ok, detail=att.note)
+    finally:
+        report.ended_at = now_iso()
+        if report.status == "running":
+            report.status = "aborted"
+        store.save_report(report)
+        lock.release()
+    return report

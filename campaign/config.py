@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -371,7 +372,11 @@ def plan(experiment: Experiment, recipe: Recipe, only: Sequence[str] = ()) -> li
                 hint="variants: " + ", ".join(c.name for c in configs),
             )
         configs = [c for c in configs if c.name in only or (c is experiment.baseline and experiment.run_baseline)]
-    return [render(recipe, c, experiment.baseline, experiment.vars) for c in configs]
+    tmpl_vars = dict(experiment.vars)
+    if experiment.host.kind == "local":
+        # On this machine the server runs under the interpreter that runs campaign, unless told otherwise.
+        tmpl_vars.setdefault("python", sys.executable)
+    return [render(recipe, c, experiment.baseline, tmpl_vars) for c in configs]
 
 
 def is_secret(name: str) -> bool:

@@ -8,7 +8,8 @@ re-read, and it checks liveness every poll, so a death is noticed well within a 
 ``ready_detect_lag_s`` is measured, not assumed: when the marker first shows up, the log file's mtime on the host
 (corrected by the host's clock offset) dates the ready line; the lag is the time from then to the moment the
 three signals held. Lines appended after the marker in the same poll can only make the figure smaller by the
-time between them, which the poll interval bounds.
+time between them, which the poll interval bounds. ``death_detect_lag_s`` is measured the same way from the
+mtime of the ``exit_code`` file the launch script writes when the server exits.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class Readiness:
     exit_code: int | None = None
     launch_to_ready_s: float | None = None
     ready_detect_lag_s: float | None = None
+    death_detect_lag_s: float | None = None
     detail: str = ""
     last_line: str = ""
 
@@ -162,8 +164,12 @@ def wait_ready(
                     last_line=last_line,
                 )
         if not control.alive(running.pgid):
+            noticed = time.time()
             take(follower.flush())
             code = control.exit_code(running.remote_dir)
+            lag = None
+            if code is not None:
+                lag = round(max(0.0, noticed - (_mtime(host, running.remote_dir + "/exit_code") - offset_s)), 4)
             how = f"exit status {code}" if code is not None else "no exit status recorded"
             return Readiness(
                 ready=False,
@@ -171,6 +177,7 @@ def wait_ready(
                 phases=phases,
                 died=True,
                 exit_code=code,
+                death_detect_lag_s=lag,
                 detail=f"the server died during {phase} ({how})",
                 last_line=last_line,
             )

@@ -109,6 +109,8 @@ class Timings(BaseModel):
     launch_to_ready_s: float | None = None
     #: From the moment the ready line was written to the log to the moment campaign saw readiness.
     ready_detect_lag_s: float | None = None
+    #: From the server's exit (dated by the exit_code file its launch script wrote) to campaign noticing it.
+    death_detect_lag_s: float | None = None
     smoke_s: float | None = None
     bench_s: float | None = None
 

@@ -169,8 +169,12 @@ class ServerControl:
             return None
 
     def alive(self, pgid: int) -> bool:
-        """True while any process of the group exists."""
-        return self.host.run(f"kill -0 -- -{int(pgid)} 2>/dev/null", timeout=10).ok
+        """True while a live (not zombie) process of the group exists.
+
+        Zombies count as gone: where PID 1 does not reap orphans (some containers), ``kill -0`` would see a dead
+        server as alive forever. Read from /proc (no ps needed); hosts without /proc fall back to ``kill -0``.
+        """
+        return self.host.run(_group_cmd(pgid, "alive"), timeout=10).ok
 
     def exit_code(self, remote_dir: str) -> int | None:
         """The exit status the launch script recorded (128+N for signal N), or None if it recorded none."""
@@ -187,8 +191,8 @@ class ServerControl:
         return self.host.run(cmd, timeout=10).ok
 
     def group_pids(self, pgid: int) -> list[int]:
-        """PIDs in the process group (for the GPU-memory check after a stop)."""
-        res = self.host.run(f"ps -e -o pid=,pgid= 2>/dev/null | awk '$2=={int(pgid)} {{print $1}}'", timeout=10)
+        """PIDs of the live processes in the group (for the GPU-memory check after a stop)."""
+        res = self.host.run(_group_cmd(pgid, "pids"), timeout=10)
         return [int(x) for x in res.stdout.split() if x.isdigit()]
 
     def gpu_pids(self) -> list[int] | None:
@@ -220,13 +224,13 @@ class ServerControl:
         members = self.group_pids(pgid)
         killed = False
         if self.alive(pgid):
-            self.host.run(f"kill -TERM -- -{pgid} 2>/dev/null", timeout=10)
+            self.host.run(f"kill -TERM -{pgid} 2>/dev/null", timeout=10)
             deadline = time.monotonic() + grace_s
             while self.alive(pgid) and time.monotonic() < deadline:
                 time.sleep(poll_s)
             if self.alive(pgid):
                 killed = True
-                self.host.run(f"kill -KILL -- -{pgid} 2>/dev/null", timeout=10)
+                self.host.run(f"kill -KILL -{pgid} 2>/dev/null", timeout=10)
                 deadline = time.monotonic() + 5.0
                 while self.alive(pgid) and time.monotonic() < deadline:
                     time.sleep(poll_s)
@@ -258,3 +262,16 @@ class ServerControl:
         return StopReport(
             stopped=True, clean=True, killed=killed, seconds=seconds, detail=f"stopped {running.variant} ({how})"
         )
+
+
+def _group_cmd(pgid: int, what: str) -> str:
+    """A shell command over /proc/*/stat: exit 0 iff the group has a live member, or print its PIDs."""
+    pg = int(pgid)
+    # /proc/PID/stat is "pid (comm) state ppid pgrp ..."; comm may hold spaces, so cut through the last ") ".
+    if what == "alive":
+        body = f'{{sub(/^.*\\) /, ""); if ($3 == {pg} && $1 != "Z") f = 1}} END {{exit !f}}'
+        fallback = f"kill -0 -{pg} 2>/dev/null"
+    else:
+        body = f'{{pid = $1; sub(/^.*\\) /, ""); if ($3 == {pg} && $1 != "Z") print pid}}'
+        fallback = "true"
+    return f"if [ -r /proc/self/stat ]; then cat /proc/[0-9]*/stat 2>/dev/null | awk '{body}'; else {fallback}; fi"

@@ -17,8 +17,13 @@ class Output:
     """The two streams a command writes to; ``json`` means stdout carries only JSON."""
 
     json: bool = False
-    out: Console = field(default_factory=lambda: Console(highlight=False, soft_wrap=False))
-    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+    # Off a terminal rich would assume 80 columns and squeeze tables; logs and pipes get a generous width instead.
+    out: Console = field(
+        default_factory=lambda: Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    )
+    err: Console = field(
+        default_factory=lambda: Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+    )
 
     @property
     def interactive(self) -> bool:

@@ -65,6 +65,7 @@ _LEVEL = re.compile(r"(?:^|[\s\]|(])\[?(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|F
 _LEVEL_KV = re.compile(r"\blevel=(\w+)")
 _LEVEL_GLOG = re.compile(r"(?:^|\]:?)\[([WIEF]) |(?:^|\]:?)([WIEF])\d{4} ")
 _FRAME = re.compile(r'^\s*File "[^"]+", line \d+')
+_CODE = re.compile(r'^\s*(raise |return |File "|[\w.]+ = |\^+$)')
 _MAX_EVIDENCE = 6
 _MAX_LINE = 8000
 _FRAME_LOOKBACK = 30
@@ -351,7 +352,8 @@ def _first_cause(ctx: _Context, lines: Sequence[_Line], *, include_weak: bool) -
         hits = _rule_lines(rule, lines)
         if not hits:
             continue
-        primary = _distinct(hits, 3)
+        # The exception line says it better than the source line echoed above it ("raise RuntimeError(...)").
+        primary = _distinct(sorted(hits, key=lambda ln: (_CODE.match(ln.message) is not None, ln.number)), 3)
         context = []
         frame = _frame_above(ctx.lines, primary[0].number)
         if frame is not None:

@@ -22,7 +22,7 @@ _PREFIX_PATTERNS = [
     r"\s*\([^()]{0,80}\bpid=\d+[^()]{0,80}\)\s*",  # vLLM "(VllmWorker rank=1 pid=115) "
     r"\s*\[rank\d+\]:\s*",  # torch "[rank0]:"
     r"\s*\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[.,\d]*Z?\s*",  # ISO timestamps
-    r"\s*\[[^\[\]]{0,80}\d[^\[\]]{0,80}\]\s+",  # "[2025-10-06 20:05:22 DP0 TP0] ", "[gpu_id=0] "
+    r"\s*\[(?!Errno)[^\[\]]{0,80}\d[^\[\]]{0,80}\]\s+",  # "[2025-10-06 20:05:22 DP0 TP0] ", "[gpu_id=0] "
     # vLLM "ERROR 05-08 19:06:38 [multiproc_executor.py:962] "
     r"\s*(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d\d-\d\d [\d:.]+\s+\[?[\w.]+:\d+\]\s*",
 ]

@@ -80,3 +80,15 @@ def test_repeated_lines_count_once_and_kind_counts() -> None:
     assert fingerprint("illegal_memory_access", [line]) == fingerprint("illegal_memory_access", [line, line])
     assert fingerprint("illegal_memory_access", [line]) != fingerprint("gpu_oom", [line])
     assert len(fingerprint("x", [])) == 16
+
+
+def test_two_real_reference_server_runs_of_one_failure_share_a_fingerprint() -> None:
+    # Captured from `python -m campaign.refserver --device cpu` with CUDA graphs on, attention torch and mma,
+    # minutes apart on different ports.
+    variants = DATA / "variants"
+    torch_run = diagnose((variants / "unsupported_hardware--refserver-real-cuda-graph-on-cpu.log").read_text())
+    mma_run = diagnose((variants / "unsupported_hardware--refserver-real-cuda-graph-on-cpu-mma.log").read_text())
+    assert torch_run.kind == mma_run.kind == "unsupported_hardware"
+    assert torch_run.fingerprint == mma_run.fingerprint
+    port_held = diagnose((variants / "port_in_use--refserver-real-port-held.log").read_text())
+    assert port_held.fingerprint != torch_run.fingerprint

@@ -40,25 +40,13 @@ def test_strip_prefix_removes_logging_prefixes_and_colour() -> None:
 
 
 def test_the_same_failure_in_two_runs_has_one_fingerprint() -> None:
-    first = _OOM_RUN.format(
-        ts="2026-11-01 10:00:01",
-        rank=0,
-        avail="2.31",
-        site="/usr/local/lib/python3.10/dist-packages",
-        alloc="1.25",
-        free="913.50",
-        pid=4412,
-    )
-    second = _OOM_RUN.format(
-        ts="2026-11-29 23:59:59",
-        rank=3,
-        avail="1.07",
-        site="/opt/conda/envs/sgl/lib/python3.11/site-packages",
-        alloc="3.00",
-        free="12.00",
-        pid=98765,
-    )
-    a, b = diagnose(first, server="sglang"), diagnose(second, server="sglang")
+    # (timestamp, rank, avail GB, site-packages, GiB asked, MiB free, pid): everything that differs between two boxes.
+    runs = [
+        ("2026-11-01 10:00:01", 0, "2.31", "/usr/local/lib/python3.10/dist-packages", "1.25", "913.50", 4412),
+        ("2026-11-29 23:59:59", 3, "1.07", "/opt/conda/envs/sgl/lib/python3.11/site-packages", "3.00", "12.00", 98765),
+    ]
+    keys = ("ts", "rank", "avail", "site", "alloc", "free", "pid")
+    a, b = (diagnose(_OOM_RUN.format(**dict(zip(keys, run, strict=True))), server="sglang") for run in runs)
     assert a.kind == b.kind == "gpu_oom"
     assert a.fingerprint == b.fingerprint
 

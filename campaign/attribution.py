@@ -76,13 +76,13 @@ def _values(values: Iterable[KnobValue]) -> list[KnobValue]:
     return out
 
 
-def _full(knobs: Mapping[str, KnobValue], baseline: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
-    """An attempt's knobs with the baseline filling what it does not set."""
-    return {**baseline, **knobs}
-
-
-def _drop(knobs: Mapping[str, KnobValue], ignore: Collection[str]) -> dict[str, KnobValue]:
-    return {k: v for k, v in knobs.items() if k not in ignore}
+def _canon(
+    knobs: Mapping[str, KnobValue], baseline: Mapping[str, KnobValue], ignore: Collection[str]
+) -> dict[str, KnobValue]:
+    """An attempt's knobs as compared: the baseline fills what it does not set; ignored knobs and explicit ``None``
+    for a knob the baseline leaves to the recipe (the same thing as not setting it) are dropped."""
+    merged = {**baseline, **knobs}
+    return {k: v for k, v in merged.items() if k not in ignore and not (v is None and k not in baseline)}
 
 
 def _same(a: Mapping[str, KnobValue], b: Mapping[str, KnobValue]) -> bool:
@@ -101,27 +101,29 @@ def plan_isolation(
     Knobs the failed variant sets but the baseline does not are dropped (the recipe's default is the baseline for
     them). ``tried`` holds the knob assignments already run; baseline values fill what each of them leaves out.
     """
-    done = [_drop(_full(t, baseline), ignore) for t in tried]
+    done = [_canon(t, baseline, ignore) for t in tried]
+    start = {k: v for k, v in failed.items() if not (v is None and k not in baseline)}
     plan: list[dict[str, KnobValue]] = []
-    for knob, value in failed.items():
+    for knob, value in start.items():
         if knob in ignore:
             continue
         if knob in baseline and baseline[knob] == value and type(baseline[knob]) is type(value):
             continue
-        toggled = dict(failed)
+        toggled = dict(start)
         if knob in baseline:
             toggled[knob] = baseline[knob]
         else:
             del toggled[knob]
-        full = _drop(_full(toggled, baseline), ignore)
-        if any(_same(full, d) for d in done) or any(_same(full, _drop(_full(p, baseline), ignore)) for p in plan):
+        full = _canon(toggled, baseline, ignore)
+        if any(_same(full, d) for d in done) or any(_same(full, _canon(p, baseline, ignore)) for p in plan):
             continue
         plan.append(toggled)
     return plan
 
 
 def _satisfies(knobs: Mapping[str, KnobValue], conj: Mapping[str, KnobValue]) -> bool:
-    return all(k in knobs and knobs[k] == v and type(knobs[k]) is type(v) for k, v in conj.items())
+    # A knob an attempt does not set is unset (None): "unset" is a value like any other here.
+    return all(knobs.get(k) == v and type(knobs.get(k)) is type(v) for k, v in conj.items())
 
 
 def _explanations(
@@ -129,11 +131,11 @@ def _explanations(
 ) -> list[dict[str, KnobValue]]:
     """The smallest conjunctions of knob values shared by every positive and held by no negative."""
     first = positives[0]
-    shared = [k for k in varying if all(_satisfies(p, {k: first[k]}) for p in positives)]
+    shared = [k for k in varying if all(_satisfies(p, {k: first.get(k)}) for p in positives)]
     for size in range(1, min(_MAX_CONJUNCTION, len(shared)) + 1):
         found = []
         for combo in itertools.combinations(shared, size):
-            conj = {k: first[k] for k in combo}
+            conj = {k: first.get(k) for k in combo}
             if not any(_satisfies(n, conj) for n in negatives):
                 found.append(conj)
         if found:
@@ -159,10 +161,14 @@ def _settle_runs(
 ) -> list[dict[str, KnobValue]]:
     runs: list[dict[str, KnobValue]] = []
     for knob in knobs:
-        other = _flip(reference[knob], seen.get(knob, []), baseline.get(knob))
-        if other is None:
-            continue
-        run = {**reference, knob: other}
+        value = reference.get(knob)
+        if knob not in baseline and value is not None:
+            run = {k: v for k, v in reference.items() if k != knob}  # back to the recipe's default
+        else:
+            other = _flip(value, seen.get(knob, []), baseline.get(knob))
+            if other is None:
+                continue
+            run = {**reference, knob: other}
         if not any(_same(run, t) for t in tried) and not any(_same(run, r) for r in runs):
             runs.append(run)
     return runs
@@ -177,21 +183,20 @@ def _finding_for(
 ) -> Finding:
     everything = [k for _, k in pos + neg]
     names = list(dict.fromkeys(k for knobs in everything for k in knobs))
-    seen = {k: _values(kn[k] for kn in everything if k in kn) for k in names}
-    positives_ = [k for _, k in pos]
-    reference = positives_[0]
+    seen = {k: _values(kn.get(k) for kn in everything) for k in names}
+    positives = [k for _, k in pos]
+    reference = positives[0]
     base = dict(baseline)
     # A knob matters to the question if it varied, or if the failures changed it from the baseline (never varied
     # yet, it is still a suspect).
-    varying = [k for k in names if len(seen[k]) > 1 or k not in base or any(p.get(k) != base[k] for p in positives_)]
-    positives = [k for _, k in pos]
+    varying = [k for k in names if len(seen[k]) > 1 or any(p.get(k) != base.get(k) for p in positives)]
     negatives = [k for _, k in neg]
     failed_ix = [i for i, _ in pos]
     passed_ix = [i for i, _ in neg]
 
     if not negatives:
-        candidates = [{k: reference[k]} for k in names if k in base and reference[k] != base[k]] or [
-            {k: reference[k]} for k in varying
+        candidates = [
+            {k: reference.get(k)} for k in varying if all(_satisfies(p, {k: reference.get(k)}) for p in positives)
         ]
         settle = plan_isolation(reference, base, tried)
         return Finding(
@@ -221,9 +226,14 @@ def _finding_for(
         )
 
     cause = explanations[0]
-    pos_values = {k: _values(p[k] for p in positives if k in p) for k in varying}
+    pos_values = {k: _values(p.get(k) for p in positives) for k in varying}
     independent = {k: pos_values[k] for k in varying if k not in cause and len(pos_values[k]) > 1}
-    untested = [k for k in varying if k not in cause and k not in independent]
+    # Still a suspect: a knob every failure changed from the baseline in the same way, never seen failing without.
+    untested = [
+        k
+        for k in varying
+        if k not in cause and k not in independent and any(p.get(k) != base.get(k) for p in positives)
+    ]
     if len(explanations) == 1 and not untested:
         tail = "; independent of " + ", ".join(
             f"{k} (seen with {' and '.join(show_value(v) for v in vals)})" for k, vals in independent.items()
@@ -270,12 +280,12 @@ def attribute(
     changing what runs.
     """
     considered = [a for a in attempts if a.role in _ROLES and a.outcome in ("passed", "failed")]
-    baseline = _drop(baseline, ignore)
-    tried = [_drop(_full(a.knobs, baseline), ignore) for a in considered]
-    passed = [(a.index, _drop(_full(a.knobs, baseline), ignore)) for a in considered if a.outcome == "passed"]
+    baseline = {k: v for k, v in baseline.items() if k not in ignore}
+    tried = [_canon(a.knobs, baseline, ignore) for a in considered]
+    passed = [(a.index, _canon(a.knobs, baseline, ignore)) for a in considered if a.outcome == "passed"]
     by_kind: dict[str, list[tuple[int, dict[str, KnobValue]]]] = {}
     for a in considered:
         if a.outcome == "failed":
             kind = a.diagnosis.kind if a.diagnosis is not None else "unknown"
-            by_kind.setdefault(kind, []).append((a.index, _drop(_full(a.knobs, baseline), ignore)))
+            by_kind.setdefault(kind, []).append((a.index, _canon(a.knobs, baseline, ignore)))
     return [_finding_for(kind, pos, passed, baseline, tried) for kind, pos in by_kind.items()]

@@ -164,3 +164,23 @@ def test_the_port_each_attempt_listened_on_is_not_a_suspect() -> None:
     assert "port" not in finding.independent_of
     failed = matrix[0]
     assert all(run["port"] == failed["port"] for run in plan_isolation(failed, {**BASELINE, "port": 30000}, [failed]))
+
+
+def test_knobs_only_some_attempts_set_do_not_break_the_analysis() -> None:
+    base: dict[str, KnobValue] = {"cuda_graph": False}
+    attempts = [
+        _attempt(0, {"cuda_graph": True, "mem_fraction": 0.9}, "gpu_oom"),
+        _attempt(1, {"cuda_graph": True}, "gpu_oom"),
+        _attempt(2, {"cuda_graph": False, "max_batch": 8}, None),
+        _attempt(3, {"cuda_graph": False}, None),
+    ]
+    (finding,) = attribute(attempts, base)
+    assert finding.status == "explained"
+    assert finding.cause == {"cuda_graph": True}
+    # Not setting a knob is a value too: the failures were seen with mem_fraction 0.9 and left to the recipe.
+    assert finding.independent_of == {"mem_fraction": [0.9, None]}
+    assert finding.statement == "gpu_oom iff cuda_graph=on; independent of mem_fraction (seen with 0.9 and unset)"
+    (alone,) = attribute(attempts[:2], base)
+    assert alone.status == "not_enough_evidence"
+    assert alone.candidates == [{"cuda_graph": True}]
+    assert alone.settle_with == [{"cuda_graph": False, "mem_fraction": 0.9}]

@@ -184,3 +184,26 @@ def test_knobs_only_some_attempts_set_do_not_break_the_analysis() -> None:
     assert alone.status == "not_enough_evidence"
     assert alone.candidates == [{"cuda_graph": True}]
     assert alone.settle_with == [{"cuda_graph": False, "mem_fraction": 0.9}]
+
+
+def test_over_a_full_matrix_every_single_knob_or_pair_cause_is_found_exactly() -> None:
+    axes: dict[str, list[KnobValue]] = {
+        "attention": ["simt", "mma"],
+        "torch_compile": [False, True],
+        "cuda_graph": [False, True],
+        "mem_fraction": [0.8, 0.9],
+    }
+    matrix = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+    literals = [(k, v) for k, vs in axes.items() for v in vs]
+    truths = [dict([a]) for a in literals] + [
+        dict([a, b]) for a, b in itertools.combinations(literals, 2) if a[0] != b[0]
+    ]
+    for truth in truths:
+        attempts = [
+            _attempt(i, k, "gpu_oom" if all(k[n] == v for n, v in truth.items()) else None)
+            for i, k in enumerate(matrix)
+        ]
+        (finding,) = attribute(attempts, BASELINE)
+        assert finding.status == "explained", truth
+        assert finding.cause == truth
+        assert set(finding.independent_of) == set(axes) - set(truth)

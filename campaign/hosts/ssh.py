@@ -273,6 +273,9 @@ class SSHHost:
         with self._pool_free:
             while True:
                 self._check_open_locked()
+                while self._idle and not self.persistent_shells:
+                    self._idle.pop().close()  # switched off since they were started
+                    self._slots -= 1
                 while self._idle:
                     runner = self._idle.pop()
                     if runner.alive:
@@ -921,6 +924,8 @@ def _handshake(
     if transport is not None and isinstance(transport.sock, socket.socket):
         with contextlib.suppress(OSError):
             transport.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            # Small messages (a channel open, a short request) must not wait out Nagle + delayed ACK (~40 ms).
+            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return client
 
 

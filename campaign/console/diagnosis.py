@@ -36,7 +36,8 @@ def render_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
     if diagnosis.fingerprint and not healthy:
         parts.append(Text(f"fingerprint {diagnosis.fingerprint}", style="dim"))
     title = f"[{style}]{escape(diagnosis.kind)}[/] [dim](confidence {diagnosis.confidence:.2f})[/]"
-    console.print(Panel(Group(*parts), title=title, title_align="left", border_style=style))
+    # Wrapped inside the panel even on a console that soft-wraps (long log lines would be cropped otherwise).
+    console.print(Panel(Group(*parts), title=title, title_align="left", border_style=style), soft_wrap=False)
 
 
 def render_findings(console: Console, findings: Sequence[Finding]) -> None:
@@ -58,7 +59,7 @@ def render_findings(console: Console, findings: Sequence[Finding]) -> None:
             conclusion.append(f"\nto settle, run: {runs}", style="dim")
         attempts = f"failed {_indexes(f.failed)}" + (f"\npassed {_indexes(f.passed)}" if f.passed else "")
         table.add_row(Text(f.kind, style=_FAILED_STYLE), status, conclusion, attempts)
-    console.print(table)
+    console.print(table, soft_wrap=False)
 
 
 def _indexes(ix: Sequence[int]) -> str:

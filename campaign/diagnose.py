@@ -126,6 +126,7 @@ class Signatures:
     crash: tuple[re.Pattern[str], ...]
     death: tuple[re.Pattern[str], ...]
     memory_pressure: tuple[re.Pattern[str], ...]
+    killed: tuple[re.Pattern[str], ...]
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,7 @@ def parse_signatures(text: str) -> Signatures:
         crash=_compile(data.get("crash"), "crash"),
         death=_compile(data.get("death"), "death"),
         memory_pressure=_compile(data.get("memory_pressure"), "memory_pressure"),
+        killed=_compile(data.get("killed"), "killed"),
     )
 
 
@@ -407,7 +409,7 @@ def _not_ready(ctx: _Context) -> Diagnosis:
             f"startup {how} during CUDA-graph capture{where}; no more specific cause in the log",
         )
 
-    killed = [ln for ln in ctx.lines if ln.message == "Killed"]
+    killed = [ln for ln in ctx.lines if _matches(ctx.sigs.killed, ln)]
     if killed or sig == 9:
         engine = [ln for ln in ctx.lines if _matches(ctx.sigs.engine_wrappers, ln)]
         return _diagnosis(
@@ -475,7 +477,7 @@ def diagnose(
         if cause is not None:
             return cause
         evidence = died[:2] or _crash_lines(ctx)[-2:]
-        if any(ln.message == "Killed" for ln in died) or _signal(exit_code) == 9:
+        if any(_matches(ctx.sigs.killed, ln) for ln in died) or _signal(exit_code) == 9:
             return _diagnosis(ctx, "host_oom_killed", 0.45, evidence, "the server was killed after it became ready")
         return _diagnosis(
             ctx, "unknown", 0.2, evidence, "the server died after it became ready, with no recognised cause"

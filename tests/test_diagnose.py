@@ -258,3 +258,18 @@ def test_a_megabyte_progress_bar_line_does_not_hide_the_error_after_it() -> None
     d = diagnose(bar + "\nRuntimeError: CUDA error: an illegal memory access was encountered\n")
     assert d.kind == "illegal_memory_access"
     assert d.evidence[0].line == 2
+
+
+@pytest.mark.parametrize(
+    "last_line",
+    [
+        "Killed",
+        "[1]+  Killed                  python3 -m sglang.launch_server --model-path /models/x",
+        "bash: line 1: 4242 Killed                  vllm serve /models/x",
+    ],
+)
+def test_the_shells_ways_of_saying_killed_are_the_oom_killer_when_nothing_else_is_wrong(last_line: str) -> None:
+    log = "Loading safetensors checkpoint shards:  37% Completed | 60/163 [01:12<02:04,  1.21s/it]\n" + last_line + "\n"
+    d = diagnose(log)
+    assert d.kind == "host_oom_killed"
+    assert d.evidence[0].text == last_line

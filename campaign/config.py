@@ -449,8 +449,28 @@ def load(name_or_path: str, overrides: Sequence[str] = (), config_dir: Path = CO
 
         _validate(BenchSettings, experiment.bench, text, str(path), prefix=["bench"])
     recipe = load_recipe(experiment.recipe)
-    # Render once now so knob and variable errors surface before anything is touched.
-    plan(experiment, recipe)
+    # Render every variant now so knob and variable errors surface, with their line, before anything is touched.
+    located: list[tuple[list[str | int], VariantConfig]] = [(["baseline"], experiment.baseline)]
+    located += [(["variants", i], v) for i, v in enumerate(experiment.variants)]
+    if experiment.matrix is not None:
+        located += [(["matrix", "axes"], v) for v in expand_matrix(experiment.matrix, experiment.baseline)]
+    for loc, variant in located:
+        try:
+            render(recipe, variant, experiment.baseline, experiment.vars | {"python": sys.executable})
+        except ConfigError as e:
+            knob = (e.field or "").rpartition(".knobs.")[2] if ".knobs." in (e.field or "") else None
+            where: list[str | int] = list(loc)
+            if knob and loc[0] != "matrix":
+                where += ["knobs", knob]
+            elif knob:
+                where.append(knob)
+            raise ConfigError(
+                e.detail,
+                file=str(path),
+                line=_line_of(text, where),
+                field=".".join(str(p) for p in where) if knob else e.field,
+                hint=e.hint,
+            ) from None
     return Loaded(experiment=experiment, recipe=recipe, path=path, resolved=data)
 
 

@@ -58,6 +58,7 @@ class ConfigError(CampaignError):
         self.file = file
         self.line = line
         self.field = field
+        self.detail = message
         where = file or "<config>"
         if line is not None:
             where = f"{where}:{line}"

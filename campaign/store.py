@@ -201,8 +201,14 @@ class Store:
         except (OSError, ValueError) as e:
             raise StoreError(f"cannot read {path}: {e}") from e
 
+    def _exists(self) -> bool:
+        # Reading never creates a store: a dry run or `campaign runs` in a fresh checkout leaves no trace.
+        return (self.root / "index.sqlite").is_file()
+
     def list_runs(self, limit: int | None = None) -> list[RunRow]:
         """Runs, newest first."""
+        if not self._exists():
+            return []
         con = self._db()
         sql = "SELECT * FROM runs ORDER BY started_at DESC, run_id DESC"
         rows = con.execute(sql + (f" LIMIT {int(limit)}" if limit else "")).fetchall()
@@ -211,6 +217,8 @@ class Store:
 
     def failures(self) -> list[FailureGroup]:
         """Failed attempts grouped by fingerprint, most frequent first."""
+        if not self._exists():
+            return []
         con = self._db()
         rows = con.execute(
             "SELECT fingerprint, kind, COUNT(*), MIN(ended_at), MAX(ended_at), "
@@ -236,6 +244,8 @@ class Store:
 
     def known_good(self, host: str) -> KnownGood | None:
         """The host's known-good, or None when nothing was ever proven there."""
+        if not self._exists():
+            return None
         con = self._db()
         row = con.execute("SELECT * FROM known_good WHERE host = ?", (host,)).fetchone()
         con.close()

@@ -390,7 +390,7 @@ def _not_ready(ctx: _Context) -> Diagnosis:
     if wrappers or in_capture:
         evidence = [*wrappers[:2]] + ([capture_begin] if capture_begin else []) + crashes[-2:]
         pressure = [ln for ln in ctx.lines if _matches(ctx.sigs.memory_pressure, ln)]
-        if pressure and not wrappers:
+        if pressure and not wrappers and not crashes:
             # Capture allocates graph memory pools last: at >=95% static memory it is the usual OOM point.
             return _diagnosis(
                 ctx,

@@ -273,3 +273,14 @@ def test_the_shells_ways_of_saying_killed_are_the_oom_killer_when_nothing_else_i
     d = diagnose(log)
     assert d.kind == "host_oom_killed"
     assert d.evidence[0].text == last_line
+
+
+def test_high_memory_fraction_is_only_blamed_when_capture_left_no_error_text() -> None:
+    head = (
+        "INFO 03-27 10:29:01 [worker.py:267] the current vLLM instance can use total_gpu_memory (44.53GiB) x "
+        "gpu_memory_utilization (0.98) = 43.64GiB\n"
+        "INFO 03-27 10:29:03 [model_runner.py:1442] Capturing cudagraphs for decoding.\n"
+    )
+    assert diagnose(head, server="vllm").kind == "gpu_oom"
+    crashed = head + "RuntimeError: CUDA error: invalid argument\n"
+    assert diagnose(crashed, server="vllm", exit_code=1).kind == "cuda_graph_capture_failed"

@@ -22,7 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from campaign.config import SSHHostConfig
 from campaign.errors import HostError, HostKeyError, HostTimeout
+from campaign.hosts import open_host
 from campaign.hosts.base import Host, Result
 from campaign.hosts.function import FunctionHost
 from campaign.hosts.local import LocalHost
@@ -550,3 +552,12 @@ def test_function_host_answers_from_its_handler_and_keeps_files() -> None:
     fake.close()
     with pytest.raises(HostError, match="closed"):
         fake.run("true")
+
+
+def test_the_documented_host_section_reaches_the_test_sshd(sshd: SSHServer) -> None:
+    host = open_host(SSHHostConfig(**sshd.host_config()))
+    try:
+        assert isinstance(host, SSHHost)
+        assert host.run("id -un").stdout.strip() == sshd.user
+    finally:
+        host.close()

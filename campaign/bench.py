@@ -31,7 +31,8 @@ import platform
 import random
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -72,6 +73,9 @@ class BenchSettings(BaseModel):
     request_rate: list[float] | None = None
     max_concurrency: int | None = Field(default=None, ge=1)
     requests: int = Field(default=64, ge=1)
+    #: Concurrency levels only: stream k of c starts k·ramp_s/c seconds after the first, so a level does not
+    #: open with every request sent at once (and, streams being alike, every later wave with them).
+    ramp_s: float = Field(default=0.0, ge=0.0)
     warmup: int = Field(default=2, ge=0)
     repeats: int = Field(default=1, ge=1)
     #: ``arithmetic``: "What is A×B?"-style questions for the reference server; ``random``: ``input_len`` random
@@ -365,7 +369,21 @@ def _payload(settings: BenchSettings, model: str, prompt: Prompt) -> bytes:
 _HEADERS = {"content-type": "application/json", "accept": "text/event-stream"}
 
 
-async def _request(client: httpx.AsyncClient, url: str, payload: bytes, timeout_s: float) -> RequestRecord:
+@asynccontextmanager
+async def _streamed(client: httpx.AsyncClient, request: httpx.Request) -> AsyncIterator[httpx.Response]:
+    resp = await client.send(request, stream=True)
+    try:
+        yield resp
+    finally:
+        await resp.aclose()
+
+
+def _http_request(url: str, payload: bytes, timeout: httpx.Timeout) -> httpx.Request:
+    # Built before a level's clock starts: building costs tens of microseconds, paid 256 times in a burst.
+    return httpx.Request("POST", url, content=payload, headers=_HEADERS, extensions={"timeout": timeout.as_dict()})
+
+
+async def _request(client: httpx.AsyncClient, request: httpx.Request, timeout_s: float) -> RequestRecord:
     """Send one streaming request and time its chunks; never raises for what the server or network did."""
     rec = RequestRecord()
     perf = time.perf_counter
@@ -375,7 +393,7 @@ async def _request(client: httpx.AsyncClient, url: str, payload: bytes, timeout_
     finish: str | None = None
     started = False
     try:
-        async with asyncio.timeout(timeout_s), client.stream("POST", url, content=payload, headers=_HEADERS) as resp:
+        async with asyncio.timeout(timeout_s), _streamed(client, request) as resp:
             if resp.status_code != 200:
                 body = (await resp.aread()).decode("utf-8", "replace")
                 rec.error = f"http_{resp.status_code}"
@@ -500,6 +518,193 @@ def _is_failed(rec: RequestRecord) -> bool:
     return not rec.ok and not (rec.error or "").startswith("incomplete:")
 
 
+class _Wire(asyncio.Protocol):
+    """The receiving end of one TCP connection: bytes accumulate in a buffer and wake one waiting reader."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.error = exc
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def more(self) -> None:
+        """Wait until more bytes arrive; raises ``httpx.RemoteProtocolError`` when the peer has closed."""
+        if self.closed:
+            raise httpx.RemoteProtocolError("the server closed the connection before the response ended")
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+
+class _Body(httpx.AsyncByteStream):
+    """A response body read straight off a ``_Wire``: chunked, by Content-Length, or up to the close."""
+
+    def __init__(self, owner: _StreamTransport, wire: _Wire, length: int | None, chunked: bool, keep: bool) -> None:
+        self._owner, self._wire, self._length, self._chunked, self._keep = owner, wire, length, chunked, keep
+        self._complete = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        wire = self._wire
+        if self._chunked:
+            async for part in self._chunks():
+                yield part
+        elif self._length is not None:
+            left = self._length
+            while left > 0:
+                if not wire.buf:
+                    await wire.more()
+                part = bytes(wire.buf[:left])
+                del wire.buf[: len(part)]
+                left -= len(part)
+                yield part
+        else:
+            while True:
+                if wire.buf:
+                    part = bytes(wire.buf)
+                    wire.buf.clear()
+                    yield part
+                if wire.closed:
+                    break
+                try:
+                    await wire.more()
+                except httpx.RemoteProtocolError:
+                    break
+            self._keep = False
+        self._complete = True
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        # Everything complete in the buffer is handed over at once: one wake-up, one piece, however many chunks.
+        wire = self._wire
+        buf = wire.buf
+        while True:
+            out: list[bytes] = []
+            pos = 0
+            end = False
+            while True:
+                nl = buf.find(b"\r\n", pos)
+                if nl < 0:
+                    break
+                try:
+                    size = int(bytes(buf[pos:nl]).split(b";", 1)[0], 16)
+                except ValueError as e:
+                    raise httpx.RemoteProtocolError("malformed chunk size in the response") from e
+                if size == 0:
+                    # The last chunk, then trailers (ours send none) up to an empty line.
+                    if buf[nl + 2 : nl + 4] == b"\r\n" or buf.find(b"\r\n\r\n", nl) >= 0:
+                        end = True
+                        pos = len(buf)
+                    break
+                if len(buf) < nl + 2 + size + 2:
+                    break
+                out.append(bytes(buf[nl + 2 : nl + 2 + size]))
+                pos = nl + 2 + size + 2
+            if pos:
+                del buf[:pos]
+            if out:
+                yield out[0] if len(out) == 1 else b"".join(out)
+            if end:
+                return
+            await wire.more()
+
+    async def aclose(self) -> None:
+        self._owner._done(self._wire, reuse=self._complete and self._keep)
+
+
+class _StreamTransport(httpx.AsyncBaseTransport):
+    """HTTP/1.1 over one keep-alive asyncio connection, for plain-http benches.
+
+    httpcore and h11 cost about 60 µs per streamed chunk on this project's two-core machine (an event state
+    machine, an anyio stream and a lock per read); at 256 streams that is more than a core, and the client's
+    own queueing then shows up in TTFT and ITL. This transport does what a bench needs and no more: one
+    request at a time per connection, Content-Length or chunked bodies, keep-alive.
+    """
+
+    def __init__(self) -> None:
+        self._wire: _Wire | None = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        wire = self._wire
+        if wire is None or wire.closed:
+            timeout = (request.extensions.get("timeout") or {}).get("connect") or 10.0
+            loop = asyncio.get_running_loop()
+            try:
+                _, wire = await asyncio.wait_for(loop.create_connection(_Wire, url.host, url.port or 80), timeout)
+            except TimeoutError as e:
+                raise httpx.ConnectTimeout(f"connecting to {url.host}:{url.port} timed out") from e
+            except OSError as e:
+                raise httpx.ConnectError(f"{e.strerror or e} ({url.host}:{url.port})") from e
+            self._wire = wire
+        assert wire is not None
+        body = request.read()
+        head = [f"{request.method} {url.raw_path.decode('ascii')} HTTP/1.1", f"host: {url.netloc.decode('ascii')}"]
+        head += [
+            f"{k}: {v}" for k, v in request.headers.items() if k not in ("host", "content-length", "transfer-encoding")
+        ]
+        head.append(f"content-length: {len(body)}")
+        assert wire.transport is not None
+        wire.buf.clear()
+        wire.transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        while (end := wire.buf.find(b"\r\n\r\n")) < 0:
+            try:
+                await wire.more()
+            except httpx.RemoteProtocolError:
+                self._wire = None
+                raise
+        lines = bytes(wire.buf[:end]).decode("latin-1").split("\r\n")
+        del wire.buf[: end + 4]
+        try:
+            version, status, *_ = lines[0].split(" ", 2)
+            code = int(status)
+        except ValueError as e:
+            raise httpx.RemoteProtocolError(f"malformed status line {lines[0]!r}") from e
+        headers = [tuple(ln.split(":", 1)) for ln in lines[1:] if ":" in ln]
+        hmap = {k.strip().lower(): v.strip().lower() for k, v in headers}
+        chunked = "chunked" in hmap.get("transfer-encoding", "")
+        length = None if chunked or "content-length" not in hmap else int(hmap["content-length"])
+        keep = version == "HTTP/1.1" and hmap.get("connection") != "close" and (chunked or length is not None)
+        if request.method == "HEAD" or code in (204, 304):
+            length, chunked = 0, False
+        return httpx.Response(
+            code,
+            headers=[(k.strip(), v.strip()) for k, v in headers],
+            stream=_Body(self, wire, length, chunked, keep),
+            extensions={"http_version": version.encode()},
+        )
+
+    def _done(self, wire: _Wire, *, reuse: bool) -> None:
+        if not reuse:
+            if wire.transport is not None:
+                wire.transport.close()
+            if self._wire is wire:
+                self._wire = None
+
+    async def aclose(self) -> None:
+        if self._wire is not None and self._wire.transport is not None:
+            self._wire.transport.close()
+        self._wire = None
+
+
 class _Connections:
     """A free list of single-connection httpx clients, one per request in flight.
 
@@ -508,8 +713,9 @@ class _Connections:
     gets a client of its own with one keep-alive connection; all share one SSL context, built once.
     """
 
-    def __init__(self, timeout: httpx.Timeout) -> None:
+    def __init__(self, timeout: httpx.Timeout, *, plain_http: bool) -> None:
         self._timeout = timeout
+        self._plain = plain_http
         self._ssl = ssl.create_default_context()
         self._free: list[httpx.AsyncClient] = []
         self._all: list[httpx.AsyncClient] = []
@@ -517,9 +723,13 @@ class _Connections:
     def acquire(self) -> httpx.AsyncClient:
         if self._free:
             return self._free.pop()
-        transport = httpx.AsyncHTTPTransport(
-            verify=self._ssl, limits=httpx.Limits(max_connections=1, keepalive_expiry=120.0)
-        )
+        transport: httpx.AsyncBaseTransport
+        if self._plain:
+            transport = _StreamTransport()
+        else:
+            transport = httpx.AsyncHTTPTransport(
+                verify=self._ssl, limits=httpx.Limits(max_connections=1, keepalive_expiry=120.0)
+            )
         # trust_env off: no proxy or netrc lookups per client; a bench talks to the server directly.
         client = httpx.AsyncClient(transport=transport, timeout=self._timeout, trust_env=False)
         self._all.append(client)
@@ -540,12 +750,15 @@ async def _run_load(
     timeout_s: float,
     rng: random.Random,
     on_done: Callable[[RequestRecord], None],
+    ramp_s: float = 0.0,
 ) -> tuple[list[RequestRecord], float]:
     """Send every payload under one load shape; returns the records (in payload order) and the wall time."""
     records: list[RequestRecord | None] = [None] * len(payloads)
+    timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
+    requests = [_http_request(url, p, timeout) for p in payloads]
 
     async def one(i: int, client: httpx.AsyncClient) -> None:
-        rec = await _request(client, url, payloads[i], timeout_s)
+        rec = await _request(client, requests[i], timeout_s)
         records[i] = rec
         on_done(rec)
 
@@ -555,8 +768,10 @@ async def _run_load(
     if load.concurrency is not None:
         next_i = 0
 
-        async def worker(client: httpx.AsyncClient) -> None:
+        async def worker(k: int, client: httpx.AsyncClient) -> None:
             nonlocal next_i
+            if ramp_s > 0:
+                await asyncio.sleep(start + ramp_s * k / len(clients) - time.perf_counter())
             try:
                 while next_i < len(payloads):
                     i = next_i
@@ -565,7 +780,7 @@ async def _run_load(
             finally:
                 conns.release(client)
 
-        await asyncio.gather(*(worker(c) for c in clients))
+        await asyncio.gather(*(worker(k, c) for k, c in enumerate(clients)))
     else:
         rate = load.request_rate or 1.0
         sem = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
@@ -719,7 +934,7 @@ async def _bench(
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     url = base_url + CHAT_PATH
-    conns = _Connections(timeout)
+    conns = _Connections(timeout, plain_http=base_url.startswith("http://"))
     try:
         probe = conns.acquire()
         model_name = model or await _fetch_model(probe, base_url)
@@ -768,6 +983,7 @@ async def _bench(
                         settings.timeout_s,
                         random.Random(settings.seed * 1_000_003 + li * 1009 + rep),
                         on_done,
+                        settings.ramp_s,
                     )
                 )
             result = _summarise(load, runs, input_lens, settings.max_error_rate)

@@ -212,10 +212,10 @@ def _topk_kernel(
         # Radix select, 8 bits a pass from the top: find the key T of the TOPK-th largest logit and how many
         # elements equal to T are still needed (``need``).
         bins = tl.arange(0, 256)
-        need = TOPK
-        prefix = 0
+        need = tl.sum(tl.zeros([256], tl.int32), axis=0) + TOPK  # an int32 scalar, not a constexpr
+        prefix = need * 0
         for p in tl.static_range(4):
-            shift: tl.constexpr = 24 - 8 * p
+            shift = 24 - 8 * p
             hist = tl.zeros([256], tl.int32)
             start = 0
             while start < length:

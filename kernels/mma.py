@@ -37,9 +37,10 @@ class MmaConfig:
 def default_config(h: int, d_v: int) -> MmaConfig:
     """Return the tuned configuration for H heads and latent width D_v."""
     if h >= 64 and d_v >= 256:
-        # 64 heads per program: the result tile's M is a multiple of 64, so Hopper can use wgmma; the fp32
-        # accumulator [64, 512] is 32K registers, hence 8 warps.
-        return MmaConfig(block_h=64, block_n=32, num_warps=8, num_stages=2)
+        # 64 heads per program: the result tile's M is a multiple of 64, so Hopper uses wgmma; the fp32
+        # accumulator [64, 512] is 32K registers, hence 8 warps. The hi/lo split of p spills here (1558 spilled
+        # registers, 14x slower on the H200), so this compute-bound case keeps p in bf16 as FlashMLA does.
+        return MmaConfig(block_h=64, block_n=32, num_warps=8, num_stages=2, split_p=False)
     return MmaConfig(block_h=16, block_n=32, num_warps=4, num_stages=3)
 
 
@@ -109,6 +110,8 @@ def _mma_decode_kernel(
     q_nope = tl.load(q_row + dv[None, :], mask=hmask[:, None] & (dv[None, :] < D_V), other=0.0).to(kv_ty)
     q_pe = tl.load(q_row + D_V + dr[None, :], mask=hmask[:, None] & (dr[None, :] < D_R), other=0.0).to(kv_ty)
 
+    # torch.compile passes the scale as fp64; keep the softmax state fp32.
+    scale = tl.cast(scale_log2, tl.float32)
     m_i = tl.full([BLOCK_H], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
@@ -122,7 +125,7 @@ def _mma_decode_kernel(
         k_nope = _gather(kv_ptr, rows, dv, stride_kv, D_V, BLOCK_DV)
         k_pe = _gather(kv_ptr + D_V, rows, dr, stride_kv, D_R, BLOCK_DR)
         s = _dot(q_nope, tl.trans(k_nope), PRECISION, UPCAST) + _dot(q_pe, tl.trans(k_pe), PRECISION, UPCAST)
-        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
+        s = tl.where(valid[None, :], s * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])

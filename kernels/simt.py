@@ -76,6 +76,8 @@ def _simt_decode_kernel(
     q_nope = tl.load(q_row + dv, mask=dv < D_V, other=0.0).to(tl.float32)
     q_pe = tl.load(q_row + D_V + dr, mask=dr < D_R, other=0.0).to(tl.float32)
 
+    # torch.compile passes the scale as fp64; keep the softmax state fp32.
+    scale = tl.cast(scale_log2, tl.float32)
     m_i = -1.0e30
     l_i = 0.0
     acc = tl.zeros([BLOCK_DV], tl.float32)
@@ -88,7 +90,7 @@ def _simt_decode_kernel(
         k_nope = _gather(kv_ptr, rows, dv, stride_kv, D_V, BLOCK_DV)
         k_pe = _gather(kv_ptr + D_V, rows, dr, stride_kv, D_R, BLOCK_DR)
         s = tl.sum(k_nope * q_nope[None, :], axis=1) + tl.sum(k_pe * q_pe[None, :], axis=1)
-        s = tl.where(valid, s * scale_log2, float("-inf"))
+        s = tl.where(valid, s * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new)

@@ -1,0 +1,41 @@
+"""The benchmark script runs end to end (tiny shapes, CPU interpreter) and refuses plainly without a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "kernels.bench", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_smoke_run_writes_every_section(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    res = bench("--smoke", "--json", str(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert {"environment", "ceilings", "decode", "indexer", "summary"} <= report.keys()
+    assert {r["backend"] for r in report["decode"]} == {"torch", "simt", "mma"}
+    assert all(r["check_ok"] and r["median_us"] > 0 for r in report["decode"])
+    assert {(r["form"], r["M"]) for r in report["indexer"]} == {(f, m) for f in ("aware", "naive") for m in (256, 1024)}
+    assert "mma over" not in res.stdout  # the table prints figures, not prose
+    assert "H=4 B=2 L=256" in report["summary"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
+def test_without_a_gpu_it_says_so_and_exits_2() -> None:
+    res = bench()
+    assert res.returncode == 2
+    assert "CUDA GPU" in res.stderr and "Traceback" not in res.stderr

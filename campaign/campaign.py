@@ -160,6 +160,8 @@ class Campaign:
                 failed = any(a.outcome == "failed" for a in report.attempts if a.role != "restore")
                 report.status = "failed" if failed else "passed"
             self._attribute()
+            for finding in report.attribution:
+                self.emit(Event("note", text=f"attribution: {finding.get('statement', finding)}"))
             self.store.save_report(report)
             lock.release()
             self.emit(Event("run_end", text=report.status))

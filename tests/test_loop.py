@@ -294,3 +294,39 @@ def test_set_override_and_unknown_variant(tmp_path: Path) -> None:
     assert cmd[cmd.index("--max-running-requests") + 1] == "4"
     bad = campaign("run", str(path), "--variant", "nope", runs=runs)
     assert bad.returncode == 2 and "b8" in bad.stderr
+
+
+def test_bench_gates_decide_known_good(tmp_path: Path) -> None:
+    """A variant that answers right but serves slower than the gate allows fails at `gates`, and the box is restored.
+
+    --max-running-requests 1 serialises decoding on the reference server, so at concurrency 8 its output tokens/s
+    falls far below the baseline's (which batches all 8): a real regression the gate must catch.
+    """
+    path = experiment(
+        tmp_path,
+        "gated",
+        {"kind": "local"},
+        [{"name": "serial", "knobs": {"max_batch": 1}}],
+        bench={
+            "concurrency": [8],
+            "requests": 32,
+            "warmup": 2,
+            "gates": [{"metric": "output_throughput", "concurrency": 8, "min_ratio": 0.8}],
+        },
+        at_end="stop",
+    )
+    runs = tmp_path / "runs"
+    res = campaign("run", str(path), "--json", runs=runs)
+    assert res.returncode == 1, res.stderr
+    doc = json.loads(res.stdout)
+    att = by_variant(doc)
+    base, serial = att["baseline"], att["serial"]
+    assert base["outcome"] == "passed" and base["bench"]["passed"]
+    assert serial["smoke"]["passed"] == serial["smoke"]["total"]
+    assert serial["failed_phase"] == "gates"
+    assert [g["passed"] for g in serial["gates"]] == [False]
+    tput = {a["variant"]: a["bench"]["levels"][0]["output_throughput"] for a in (base, serial)}
+    assert tput["serial"] < 0.8 * tput["baseline"]
+    assert serial["restore"]["outcome"] == "restored"
+    status = json.loads(campaign("status", str(path), "--json", runs=runs).stdout)
+    assert status["known_good"]["variant"] == "baseline"

@@ -330,3 +330,12 @@ def test_bench_gates_decide_known_good(tmp_path: Path) -> None:
     assert serial["restore"]["outcome"] == "restored"
     status = json.loads(campaign("status", str(path), "--json", runs=runs).stdout)
     assert status["known_good"]["variant"] == "baseline"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs").glob("*.yaml")))
+def test_every_shipped_experiment_plans(name: str, tmp_path: Path) -> None:
+    """Each experiment in configs/ validates and renders (its dry run needs no host)."""
+    res = campaign("run", name, "--dry-run", "--json", runs=tmp_path / "runs")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert plan["variants"] and all(v["command"] for v in plan["variants"])

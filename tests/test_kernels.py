@@ -182,12 +182,14 @@ GPU_SHAPES = {
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("sm_scale", [None, 0.1352], ids=["d^-0.5", "model"])
 @pytest.mark.parametrize("shape", list(GPU_SHAPES))
 @pytest.mark.parametrize("backend", ["torch", "simt", "mma"])
-def test_gpu_backend_matches_float64_reference(backend: str, shape: str) -> None:
+def test_gpu_backend_matches_float64_reference(backend: str, shape: str, sm_scale: float | None) -> None:
+    # DeepSeek's YaRN scale 0.1352 makes the softmax peakier than 1/sqrt(576): the harder case for bf16 p.
     for trial in range(2):  # fresh inputs per check
-        gen = torch.Generator(device="cuda").manual_seed(seed(backend, shape, trial))
-        case = decode_case(gen, half_rows=(1,), invalid_rows=(2,), **GPU_SHAPES[shape])
+        gen = torch.Generator(device="cuda").manual_seed(seed(backend, shape, trial, sm_scale))
+        case = decode_case(gen, half_rows=(1,), invalid_rows=(2,), sm_scale=sm_scale, **GPU_SHAPES[shape])
         out, lse = run_poisoned(backend, case)
         verdict = compare(out, lse, *float64_reference(case))
         assert verdict.ok, verdict

@@ -1,0 +1,342 @@
+"""The engine: loads the model, sizes the KV pool, and runs continuous batching over it.
+
+Lifecycle: ``Engine(args)`` loads the weights, allocates the pool, compiles and captures (logging SGLang's phase
+lines); ``start()`` runs the scheduler in a thread; ``submit()`` hands it a request from any thread; ``stop()``
+ends the thread. ``generate()`` runs requests to completion on the caller's thread through the same scheduler
+step, for the accuracy test and the GPU check when no thread runs.
+
+Each scheduler step admits waiting requests while slots and ``--max-running-requests`` allow (a request reserves
+prompt + max_new_tokens slots up front; the rest wait in the queue), prefills the newly admitted ones in one
+batch, then runs one decode step for every running request together: requests join and leave the decode batch
+between steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from campaign.refserver.kvpool import GB, KVPool, memory_info, pool_tokens
+from campaign.refserver.log import logger
+from campaign.refserver.model import load_model
+from campaign.refserver.runner import DecodeRunner
+from campaign.refserver.tokenizer import EOS, PAD
+
+WEIGHTS = Path(__file__).parent / "weights" / "arith.safetensors"
+#: Most requests prefilled in one forward pass (bounds the prefill's activation memory).
+PREFILL_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """The server's engine settings (the command-line flags of the same names)."""
+
+    model_path: Path = WEIGHTS
+    device: str = "cpu"
+    attention_backend: str = "torch"
+    enable_torch_compile: bool = False
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 64
+    mem_fraction_static: float | None = None
+    max_total_tokens: int | None = None
+    max_running_requests: int = 128
+    decode_log_interval: int = 40
+
+
+#: Called on the scheduler thread with (token id or None, finish reason or None); None/reason ends the stream.
+TokenSink = Callable[[int | None, str | None], None]
+
+
+@dataclass
+class Request:
+    """One generation request and its state in the scheduler."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float = 0.0
+    ignore_eos: bool = False
+    sink: TokenSink | None = None
+    rid: int = field(default_factory=itertools.count().__next__)
+    output: list[int] = field(default_factory=list)
+    slots: np.ndarray | None = None
+    finish_reason: str | None = None
+    aborted: bool = False
+
+    @property
+    def length(self) -> int:
+        """Tokens in the request so far: prompt plus generated."""
+        return len(self.prompt) + len(self.output)
+
+
+@dataclass
+class Stats:
+    """Counters the /metrics endpoint serves."""
+
+    requests_finished: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    running: int = 0
+    queued: int = 0
+    #: Decode steps, tokens they produced, and their wall time (host work included, as a client sees it).
+    decode_steps: int = 0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+
+
+class Engine:
+    """See the module docstring."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        self.args = args
+        self.device = torch.device(args.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("--device cuda asked for, but torch sees no CUDA device")
+        avail = memory_info(self.device)[0]
+        logger.info(f"Load weight begin. avail mem={avail / GB:.2f} GB")
+        self.model, self.metadata = load_model(args.model_path, args.device)
+        self.cfg = self.model.cfg
+        self.model_id = self.metadata.get("model_id", "campaign-arith-mla")
+        dtype = next(self.model.parameters()).dtype
+        logger.info(
+            f"Load weight end. type={type(self.model).__name__}, dtype={dtype}, "
+            f"avail mem={memory_info(self.device)[0] / GB:.2f} GB"
+        )
+        bytes_per_token = self.cfg.n_layers * self.cfg.d_qk * dtype.itemsize
+        n_tokens = pool_tokens(
+            self.device,
+            bytes_per_token,
+            max_total_tokens=args.max_total_tokens,
+            mem_fraction_static=args.mem_fraction_static,
+        )
+        if n_tokens < self.cfg.context_len:
+            raise RuntimeError(
+                f"The KV pool holds {n_tokens} tokens, fewer than one request's context ({self.cfg.context_len}). "
+                "Increase --max-total-tokens or --mem-fraction-static."
+            )
+        self.pool = KVPool(self.cfg.n_layers, n_tokens, self.cfg.d_qk, dtype, self.device)
+        logger.info(
+            f"KV Cache is allocated. #tokens: {n_tokens}, KV size: {self.pool.nbytes / GB:.4f} GB "
+            f"(latent {self.cfg.d_latent} + rope {self.cfg.d_rope} per token per layer)"
+        )
+        logger.info(f"Memory pool end. avail mem={memory_info(self.device)[0] / GB:.2f} GB")
+        self.runner = DecodeRunner(
+            self.model,
+            self.pool,
+            args.attention_backend,
+            torch_compile=args.enable_torch_compile,
+            cuda_graph=not args.disable_cuda_graph,
+            cuda_graph_max_bs=args.cuda_graph_max_bs,
+        )
+        self.runner.prepare()
+        logger.info(
+            f"max_total_num_tokens={n_tokens}, max_running_requests={args.max_running_requests}, "
+            f"context_len={self.cfg.context_len}, attention_backend={args.attention_backend}, "
+            f"torch_compile={args.enable_torch_compile}, cuda_graph={not args.disable_cuda_graph}"
+        )
+        self.stats = Stats()
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.fatal: BaseException | None = None
+        self.on_fatal: Callable[[BaseException], None] | None = None
+        self._decode_steps = 0
+        self._log_tokens = 0
+        self._log_time = time.monotonic()
+        self._gen = torch.Generator(device=self.device).manual_seed(0)
+
+    # ---- requests -------------------------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        """Queue ``request``; its sink receives tokens on the scheduler thread. Raises when the engine died."""
+        if self.fatal is not None:
+            raise RuntimeError(f"the engine stopped after an error: {self.fatal}")
+        with self._lock:
+            self._waiting.append(request)
+            self.stats.queued = len(self._waiting)
+            self._lock.notify()
+
+    def abort(self, request: Request) -> None:
+        """Stop generating for ``request`` (its client went away); its slots return at the next step."""
+        with self._lock:
+            request.aborted = True
+            self._lock.notify()
+
+    def generate(
+        self, prompts: Sequence[list[int]], max_new_tokens: int, *, ignore_eos: bool = False
+    ) -> list[list[int]]:
+        """Greedy outputs of ``prompts``, run on this thread through the scheduler's own steps.
+
+        Only while no scheduler thread runs (``start`` not called, or after ``stop``).
+        """
+        if self._thread is not None:
+            raise RuntimeError("generate() runs the scheduler itself; it cannot share it with a running thread")
+        requests = [Request(list(p), max_new_tokens, ignore_eos=ignore_eos) for p in prompts]
+        for request in requests:
+            self._waiting.append(request)
+        while self._waiting or self._running:
+            self.step()
+        return [r.output for r in requests]
+
+    # ---- the scheduler --------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run the scheduler on its own thread."""
+        self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the scheduler thread (running requests are abandoned)."""
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not (self._waiting or self._running or self._stopping):
+                        self._lock.wait()
+                    if self._stopping:
+                        return
+                self.step()
+        except BaseException as exc:  # the scheduler is the engine: any error ends it, loudly
+            self.fatal = exc
+            logger.error(f"Scheduler hit an exception: {traceback.format_exc()}")
+            for request in [*self._running, *self._waiting]:
+                if request.sink is not None:
+                    request.sink(None, "error")
+            if self.on_fatal is not None:
+                self.on_fatal(exc)
+
+    def step(self) -> None:
+        """One scheduler iteration: admit, prefill the admitted, decode everything running."""
+        admitted = self._admit()
+        for lo in range(0, len(admitted), PREFILL_CHUNK):
+            self._prefill(admitted[lo : lo + PREFILL_CHUNK])
+        self._drop_finished()
+        if self._running:
+            self._decode()
+            self._drop_finished()
+        self.stats.running = len(self._running)
+
+    def _admit(self) -> list[Request]:
+        admitted: list[Request] = []
+        with self._lock:
+            while self._waiting and len(self._running) + len(admitted) < self.args.max_running_requests:
+                request = self._waiting[0]
+                if request.aborted:
+                    self._waiting.popleft()
+                    continue
+                slots = self.pool.reserve(len(request.prompt) + request.max_new_tokens)
+                if slots is None:
+                    break  # the pool is full: it waits for running requests to end
+                request.slots = slots
+                admitted.append(self._waiting.popleft())
+            self.stats.queued = len(self._waiting)
+        self._running.extend(admitted)
+        return admitted
+
+    # Inference mode for the inputs too: tensors made outside it differ in dispatch keys from those a compiled step
+    # was traced with, which makes torch.compile recompile until it gives up (seen on the H200).
+    @torch.inference_mode()
+    def _prefill(self, batch: list[Request]) -> None:
+        width = max(len(r.prompt) for r in batch)
+        tokens = np.full((len(batch), width), PAD, dtype=np.int64)
+        slots = np.full((len(batch), width), self.pool.scratch_slot, dtype=np.int64)
+        for i, request in enumerate(batch):
+            n = len(request.prompt)
+            assert request.slots is not None
+            tokens[i, :n] = request.prompt
+            slots[i, :n] = request.slots[:n]
+        last = torch.tensor([len(r.prompt) - 1 for r in batch], device=self.device)
+        logits = self.model(
+            torch.from_numpy(tokens).to(self.device), self.pool.rows, torch.from_numpy(slots).to(self.device)
+        )
+        logits = logits[torch.arange(len(batch), device=self.device), last]
+        self.stats.prompt_tokens += sum(len(r.prompt) for r in batch)
+        self._emit(batch, logits)
+
+    @torch.inference_mode()
+    def _decode(self) -> None:
+        batch = self._running
+        k = self.cfg.context_len
+        tokens = np.empty(len(batch), dtype=np.int64)
+        positions = np.empty(len(batch), dtype=np.int64)
+        out_slots = np.empty(len(batch), dtype=np.int64)
+        indices = np.full((len(batch), k), -1, dtype=np.int32)
+        for i, request in enumerate(batch):
+            assert request.slots is not None
+            pos = request.length - 1  # the last generated token is not cached yet
+            tokens[i] = request.output[-1]
+            positions[i] = pos
+            out_slots[i] = request.slots[pos]
+            indices[i, : pos + 1] = request.slots[: pos + 1]
+        dev = self.device
+        began = time.perf_counter()
+        logits = self.runner.decode(
+            torch.from_numpy(tokens).to(dev),
+            torch.from_numpy(positions).to(dev),
+            torch.from_numpy(out_slots).to(dev),
+            torch.from_numpy(indices).to(dev),
+        )
+        self._emit(batch, logits)  # .tolist() in here waits for the device, so the clock below is honest
+        self.stats.decode_seconds += time.perf_counter() - began
+        self.stats.decode_steps += 1
+        self.stats.decode_tokens += len(batch)
+        self._decode_steps += 1
+        self._log_tokens += len(batch)
+        if self._decode_steps % self.args.decode_log_interval == 0:
+            now = time.monotonic()
+            logger.info(
+                f"Decode batch. #running-req: {len(batch)}, #token: {self.pool.used_slots}, "
+                f"token usage: {self.pool.used_slots / self.pool.n_tokens:.2f}, "
+                f"cuda graph: {self.runner.uses_graph(len(batch))}, "
+                f"gen throughput (token/s): {self._log_tokens / max(now - self._log_time, 1e-9):.2f}, "
+                f"#queue-req: {len(self._waiting)}"
+            )
+            self._log_tokens, self._log_time = 0, now
+
+    def _emit(self, batch: list[Request], logits: torch.Tensor) -> None:
+        """Choose each request's next token (greedy, or sampled at its temperature) and hand it out."""
+        chosen = logits.argmax(dim=-1)
+        temps = [r.temperature for r in batch]
+        if any(t > 0 for t in temps):
+            t = torch.tensor([max(x, 1e-6) for x in temps], device=logits.device)[:, None]
+            probs = torch.softmax(logits.float() / t, dim=-1)
+            sampled = torch.multinomial(probs, 1, generator=self._gen).squeeze(1)
+            chosen = torch.where(t.squeeze(1) > 1e-6, sampled, chosen)
+        for request, token in zip(batch, chosen.tolist(), strict=True):
+            request.output.append(token)
+            self.stats.generation_tokens += 1
+            if token == EOS and not request.ignore_eos:
+                request.finish_reason = "stop"
+            elif len(request.output) >= request.max_new_tokens:
+                request.finish_reason = "length"
+            if request.sink is not None and not request.aborted:
+                request.sink(token, request.finish_reason)
+
+    def _drop_finished(self) -> None:
+        keep: list[Request] = []
+        for request in self._running:
+            if request.finish_reason is not None or request.aborted:
+                assert request.slots is not None
+                self.pool.release(request.slots)
+                request.slots = None
+                self.stats.requests_finished += 1
+            else:
+                keep.append(request)
+        self._running = keep

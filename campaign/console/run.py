@@ -208,6 +208,9 @@ def render_report(console: Console, report: RunReport) -> None:
         for f in report.attribution:
             console.print(f"  {escape(str(f.get('statement') or f))}")
     fin = report.final
+    if fin.variant is None and fin.healthy:
+        console.print(f"\nfinal: nothing left running — {escape(fin.detail or 'stopped')}, the box verified clean")
+        return
     state = "[green]healthy[/]" if fin.healthy else "[red]not healthy[/]"
     console.print(f"\nfinal: {escape(fin.variant or '-')} {state}" + (f" — {escape(fin.detail)}" if fin.detail else ""))
 

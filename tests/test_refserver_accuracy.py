@@ -1,0 +1,49 @@
+"""The committed model over the whole question table, through the server's own batched greedy decode path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from campaign.refserver.engine import Engine, EngineArgs
+from campaign.refserver.kvpool import KVPool, pool_tokens
+from campaign.refserver.questions import question_table
+from campaign.refserver.tokenizer import EOS, decode_ids, encode_prompt
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    # Big batches keep the whole table to about a minute on two CPU cores.
+    return Engine(EngineArgs(device="cpu", disable_cuda_graph=True, max_running_requests=1024))
+
+
+def test_whole_table_is_answered_exactly(engine: Engine) -> None:
+    table = question_table()
+    assert len(table) == 50_000
+    outputs = engine.generate([encode_prompt(q.text) for q in table], 8)
+    wrong = [(q.text, decode_ids(o)) for q, o in zip(table, outputs, strict=True) if decode_ids(o) != str(q.answer)]
+    assert len(wrong) <= 0.005 * len(table), f"{len(wrong)} wrong, e.g. {wrong[:10]}"
+    assert all(o[-1] == EOS for o in outputs)
+    # Every request gave its slots back.
+    assert engine.pool.free_slots == engine.pool.n_tokens
+
+
+def test_17_times_23(engine: Engine) -> None:
+    assert decode_ids(engine.generate([encode_prompt("What is 17×23?")], 8)[0]) == "391"
+
+
+def test_pool_reserves_and_releases_slots() -> None:
+    pool = KVPool(2, 10, 8, torch.float32, torch.device("cpu"))
+    first = pool.reserve(6)
+    assert first is not None and len(set(first.tolist())) == 6
+    assert pool.reserve(5) is None  # only 4 left: the request would wait
+    second = pool.reserve(4)
+    assert second is not None and not set(first.tolist()) & set(second.tolist())
+    pool.release(first)
+    assert pool.free_slots == 6 and pool.scratch_slot == 10 and pool.rows.shape == (2, 11, 8)
+
+
+def test_a_memory_fraction_leaving_no_room_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="Not enough memory"):
+        pool_tokens(torch.device("cpu"), 1280, max_total_tokens=None, mem_fraction_static=1e-6)
+    assert pool_tokens(torch.device("cpu"), 1280, max_total_tokens=100, mem_fraction_static=None) == 100

@@ -286,3 +286,18 @@ def test_an_untrained_model_loads_and_answers_wrong(tmp_path: Path) -> None:
         assert all(a["choices"][0]["message"]["content"] != SMOKE[q] for a, q in zip(answers, SMOKE, strict=True))
     finally:
         stop_refserver(proc)
+
+
+@pytest.mark.slow
+def test_torch_compile_on_cpu_starts_slowly_and_answers(tmp_path: Path) -> None:
+    log = tmp_path / "refserver.log"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_refserver([*CPU_ARGS, "--enable-torch-compile", "--cuda-graph-max-bs", "2"], port=port, log_path=log)
+    try:
+        wait_ready(proc, url, log, timeout=300)
+        text = log.read_text()
+        assert text.index("Compiling the decode step") < text.index("Uvicorn running on")
+        assert all(chat(url, q).json()["choices"][0]["message"]["content"] == a for q, a in SMOKE.items())
+    finally:
+        stop_refserver(proc)

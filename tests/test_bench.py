@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 
 import pytest
 from pydantic import ValidationError
@@ -17,9 +18,9 @@ TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def scheduled() -> ScheduledServer:
+def scheduled() -> Iterator[ScheduledServer]:
     with ScheduledServer(ttft_ms=TTFT_MS, itl_ms=ITL_MS, tokens=TOKENS) as srv:
-        yield srv  # type: ignore[misc]
+        yield srv
 
 
 def test_sweep_measures_every_metric_against_the_schedule(scheduled: ScheduledServer) -> None:

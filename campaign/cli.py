@@ -464,6 +464,7 @@ def bench(
     model: Annotated[str | None, typer.Option("--model", help="Model name (default: the first /v1/models).")] = None,
     max_error_rate: Annotated[float, typer.Option("--max-error-rate", help="A level past this fails.")] = 0.01,
     seed: Annotated[int, typer.Option("--seed", help="Prompt seed.")] = 0,
+    ramp: Annotated[float, typer.Option("--ramp", help="Spread stream starts over this many s.")] = 0.0,
     json_out: JsonOpt = False,
 ) -> None:
     """Load a server with streaming chat requests and report TTFT, ITL, TPOT, E2E, throughput and errors."""
@@ -481,6 +482,7 @@ def bench(
         "output_len": output_len,
         "max_error_rate": max_error_rate,
         "seed": seed,
+        "ramp_s": ramp,
     }
     if max_tokens is not None:
         raw["max_tokens"] = max_tokens
@@ -493,7 +495,8 @@ def bench(
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         field = ".".join(str(p) for p in err["loc"]) or "options"
-        raise UsageError(f"{field}: {err['msg']}") from None
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise UsageError(f"{field}: {msg}") from None
     from campaign.console.bench import bench_progress, render_bench
 
     with bench_progress(out.err) as progress:

@@ -115,6 +115,8 @@ class Campaign:
         self.bench_settings = self.exp.bench_settings()
         self.baseline_bench: dict[str, Any] | None = None
         self._offset = 0.0
+        # The baseline's knobs as rendered (recipe defaults such as the port filled in), whether or not it runs.
+        self.baseline_knobs = render(loaded.recipe, self.exp.baseline, self.exp.baseline, self._vars()).knobs
         self.report = RunReport(
             run_id=store.new_run_id(self.exp.name),
             experiment=self.exp.name,
@@ -191,7 +193,7 @@ class Campaign:
 
     def _isolate(self, pv: PlannedVariant, tried: list[dict[str, Any]]) -> None:
         """Run the one-knob-back-to-baseline attempts that localise the failure of ``pv``."""
-        baseline = self.planned[0].knobs if self.planned else dict(self.exp.baseline.knobs)
+        baseline = self.baseline_knobs
         extra = plan_isolation(pv.knobs, baseline, tried)
         if not extra:
             return
@@ -424,7 +426,7 @@ class Campaign:
             return
         if not any(a.outcome == "failed" for a in self.report.attempts if a.role != "restore"):
             return
-        baseline = self.planned[0].knobs if self.planned else dict(self.exp.baseline.knobs)
+        baseline = self.baseline_knobs
         try:
             findings = attribute(self.report.attempts, baseline)
         except Exception as e:  # attribution is an explanation; a bug there must not lose the run's report

@@ -128,7 +128,7 @@ def run(
         return
 
     from campaign.campaign import Campaign
-    from campaign.console.run import RunDisplay, render_report
+    from campaign.console.run import RunDisplay
     from campaign.hosts import open_host
 
     host = open_host(exp.host, accept_new_host_key=accept_new_host_key)
@@ -147,8 +147,15 @@ def run(
                 report = camp.run()
     finally:
         host.close()
+    _finish(out, report)
+
+
+def _finish(out: Output, report: Any) -> None:
+    """Print a run's report (JSON or tables) and exit with the code its status means."""
+    from campaign.console.run import render_report
+
     code = _exit_for(report.status)
-    if json_out:
+    if out.json:
         out.print_json(json.dumps(run_summary(report, code, str(_state["runs"])), indent=2))
     else:
         render_report(out.out, report)
@@ -281,7 +288,7 @@ def stop(config: ConfigArg, set_: SetOpt = None, json_out: JsonOpt = False) -> N
 def restore(config: ConfigArg, set_: SetOpt = None, json_out: JsonOpt = False) -> None:
     """Relaunch the host's known-good and prove it again (readiness + smoke)."""
     from campaign.campaign import restore_now
-    from campaign.console.run import RunDisplay, render_report
+    from campaign.console.run import RunDisplay
 
     out = Output(json=json_out)
     loaded, host, _ = _control(config, set_)
@@ -291,12 +298,7 @@ def restore(config: ConfigArg, set_: SetOpt = None, json_out: JsonOpt = False) -
             report = restore_now(loaded, host, _store(), on_event=display)
     finally:
         host.close()
-    code = _exit_for(report.status)
-    if json_out:
-        out.print_json(json.dumps(run_summary(report, code, str(_state["runs"])), indent=2))
-    else:
-        render_report(out.out, report)
-    raise typer.Exit(code)
+    _finish(out, report)
 
 
 # -- the store --------------------------------------------------------------------------------------------------------

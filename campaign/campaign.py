@@ -15,6 +15,7 @@ Policies, in order of importance:
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -446,6 +447,22 @@ class Campaign:
         )
         lines = [*res.stdout.strip().splitlines(), "", "", ""]
         gpu, _, driver = lines[2].partition(",")
+        probes: dict[str, str | None] = {}
+        tmpl_vars = {**self.loaded.recipe.vars, **self._vars()}
+        for name, template in self.loaded.recipe.probes.items():
+            try:
+                cmd = " ".join(shlex.quote(part.format(**tmpl_vars)) for part in template)
+            except (KeyError, IndexError, ValueError):
+                probes[name] = None
+                continue
+            # A probe that fails or hangs costs the run nothing but its figure.
+            try:
+                out = self.host.run(cmd + " 2>/dev/null", timeout=60)
+            except CampaignError:
+                probes[name] = None
+                continue
+            tail = out.stdout.strip().splitlines()
+            probes[name] = tail[-1].strip() if out.ok and tail else None
         return {
             "host": self.host.name,
             "os": lines[0],
@@ -455,6 +472,7 @@ class Campaign:
             "campaign_version": __version__,
             "recipe": self.loaded.recipe.name,
             "clock_offset_s": round(self._offset, 4),
+            **probes,
         }
 
     def _masked_resolved(self) -> dict[str, Any]:

@@ -65,6 +65,9 @@ class Recipe(_Strict):
     phases: dict[str, str] = Field(default_factory=dict)
     default_port: int = 30000
     knobs: dict[str, KnobRule] = Field(default_factory=dict)
+    #: Commands (templates like ``command``) whose last output line goes into a run's environment, e.g.
+    #: ``server_version`` and ``kernel_hash``: what compare flags when two runs differ.
+    probes: dict[str, list[str]] = Field(default_factory=dict)
 
     @field_validator("ready_marker")
     @classmethod

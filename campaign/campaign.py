@@ -25,14 +25,14 @@ from typing import Any, Literal
 from campaign.attribution import attribute, plan_isolation
 from campaign.config import Loaded, PlannedVariant, VariantConfig, is_secret, masked_spec, plan, render
 from campaign.diagnose import diagnose
-from campaign.errors import BenchError, CampaignError, DirtyHost
+from campaign.errors import BenchError, CampaignError, DirtyHost, RestoreFailed
 from campaign.hosts.base import Host
 from campaign.lock import HostLock
 from campaign.readiness import clock_offset, health_status, wait_ready
 from campaign.records import Attempt, Final, LaunchSpec, Restore, Role, RunReport, Timings
 from campaign.server import Running, ServerControl
 from campaign.smoke import run_smoke
-from campaign.store import Store, now_iso
+from campaign.store import KnownGood, Store, now_iso
 
 EventKind = Literal[
     "run_start",
@@ -129,10 +129,16 @@ class Campaign:
 
     # -- the run ------------------------------------------------------------------------------------
 
-    def run(self) -> RunReport:
-        """Run every planned variant; returns the report (also written to the store)."""
+    def run(self, *, restore_only: bool = False) -> RunReport:
+        """Run every planned variant (or, with ``restore_only``, only prove the known-good); returns the report."""
         import yaml
 
+        if restore_only and self.store.known_good(self.host.name) is None:
+            # Nothing to restore: say so before taking the lock or recording a run.
+            raise RestoreFailed(
+                f"no known-good configuration is recorded for {self.host.name}",
+                hint="run an experiment whose baseline passes first; it becomes the known-good",
+            )
         report = self.report
         self.store.save_text(report.run_id, "experiment.yaml", yaml.safe_dump(self._masked_resolved(), sort_keys=False))
         lock = HostLock(self.host, self.control.workdir, report.run_id, self.exp.name)
@@ -142,9 +148,12 @@ class Campaign:
             report.environment = self._environment()
             self.store.save_report(report)
             self.emit(Event("run_start", text=f"run {report.run_id} on {self.host.name}"))
-            self._run_variants()
-            if report.status == "running":
-                self._leave()
+            if restore_only:
+                self._restore_only()
+            else:
+                self._run_variants()
+                if report.status == "running":
+                    self._leave()
         except DirtyHost as e:
             report.status = "restore_failed"
             report.final = Final(healthy=False, detail=str(e))
@@ -227,21 +236,7 @@ class Campaign:
             restore = Restore(outcome="failed", detail=detail)
         else:
             self.emit(Event("restore_start", variant=known.variant, text=f"restoring {known.variant}"))
-            pv = PlannedVariant(name=known.variant, knobs={}, spec=known.spec)
-            deadline = self.exp.timeouts.restore_ready_s or self.exp.timeouts.ready_s
-            att = self._attempt(pv, "restore", ready_deadline=deadline, bench=False)
-            ok = att.outcome == "passed"
-            restore = Restore(
-                outcome="restored" if ok else "failed",
-                variant=known.variant,
-                spec_hash=known.spec_hash,
-                attempt=att.index,
-                detail=(
-                    f"{known.variant} relaunched and proven (ready, smoke {att.smoke.passed if att.smoke else 0} right)"
-                    if ok
-                    else f"the known-good {known.variant} did not come back: {att.note or att.failed_phase}"
-                ),
-            )
+            restore = self._relaunch(known)
         failed.restore = restore
         self.report.restores.append(restore.model_copy(update={"attempt": failed.index}))
         self.store.save_report(self.report)
@@ -261,7 +256,7 @@ class Campaign:
             alive = current is not None and self.control.alive(current.pgid)
             if current is None or current.spec_hash != known.spec_hash or not alive:
                 self.emit(Event("note", text=f"at_end: bringing back the known-good {known.variant}"))
-                self._relaunch_known()
+                self._relaunch(known)
         current = self.control.current()
         if current is None:
             self.report.final = Final(healthy=False, detail="nothing is running")
@@ -271,12 +266,36 @@ class Campaign:
         )
         self.report.final = Final(variant=current.variant, spec_hash=current.spec_hash, healthy=healthy)
 
-    def _relaunch_known(self) -> None:
+    def _relaunch(self, known: KnownGood) -> Restore:
+        """Launch the known-good's exact spec and prove it (readiness + smoke, no bench)."""
+        pv = PlannedVariant(name=known.variant, knobs={}, spec=known.spec)
+        deadline = self.exp.timeouts.restore_ready_s or self.exp.timeouts.ready_s
+        att = self._attempt(pv, "restore", ready_deadline=deadline, bench=False)
+        ok = att.outcome == "passed"
+        return Restore(
+            outcome="restored" if ok else "failed",
+            variant=known.variant,
+            spec_hash=known.spec_hash,
+            attempt=att.index,
+            detail=(
+                f"{known.variant} relaunched and proven (ready, smoke {att.smoke.passed if att.smoke else 0} right)"
+                if ok
+                else f"the known-good {known.variant} did not come back: {att.note or att.failed_phase}"
+            ),
+        )
+
+    def _restore_only(self) -> None:
+        """`campaign restore`: the known-good relaunched and proven is the whole run."""
         known = self.store.known_good(self.host.name)
         if known is None:
-            return
-        pv = PlannedVariant(name=known.variant, knobs={}, spec=known.spec)
-        self._attempt(pv, "restore", bench=False)
+            raise RestoreFailed(f"the known-good record of {self.host.name} disappeared during the run")
+        restore = self._relaunch(known)
+        self.report.restores.append(restore)
+        ok = restore.outcome == "restored"
+        self.report.status = "passed" if ok else "restore_failed"
+        self.report.final = Final(
+            variant=known.variant, spec_hash=known.spec_hash, healthy=ok, detail=None if ok else restore.detail
+        )
 
     # -- one attempt ------------------------------------------------------------------------------------
 
@@ -501,39 +520,4 @@ def _safe_name(name: str) -> str:
 
 def restore_now(loaded: Loaded, host: Host, store: Store, *, on_event: EventSink | None = None) -> RunReport:
     """`campaign restore`: relaunch the host's known-good and prove it, recorded as a run of its own."""
-    camp = Campaign(loaded, host, store, on_event=on_event)
-    report = camp.report
-    known = store.known_good(host.name)
-    if known is None:
-        from campaign.errors import RestoreFailed
-
-        raise RestoreFailed(
-            f"no known-good configuration is recorded for {host.name}",
-            hint="run an experiment whose baseline passes first; it becomes the known-good",
-        )
-    lock = HostLock(host, camp.control.workdir, report.run_id, loaded.experiment.name)
-    lock.acquire()
-    try:
-        camp._offset = clock_offset(host)
-        report.environment = camp._environment()
-        pv = PlannedVariant(name=known.variant, knobs={}, spec=known.spec)
-        att = camp._attempt(pv, "restore", bench=False)
-        ok = att.outcome == "passed"
-        report.restores.append(
-            Restore(
-                outcome="restored" if ok else "failed",
-                variant=known.variant,
-                spec_hash=known.spec_hash,
-                attempt=att.index,
-                detail=att.note,
-            )
-        )
-        report.status = "passed" if ok else "restore_failed"
-        report.final = Final(variant=known.variant, spec_hash=known.spec_hash, healthy=ok, detail=att.note)
-    finally:
-        report.ended_at = now_iso()
-        if report.status == "running":
-            report.status = "aborted"
-        store.save_report(report)
-        lock.release()
-    return report
+    return Campaign(loaded, host, store, on_event=on_event).run(restore_only=True)

@@ -233,8 +233,7 @@ def run_decode(timer: Timer, s: Shapes, ceil: dict[str, float], device: str) -> 
                     eager, _ = timer.time(calls[0])
                     t = med * 1e-6
                     if name == "mma":
-                        cfg = mma.default_config(h, s.d_v)
-                        plan = plan_splits(case.q, s.topk, cfg.block_n, b * -(-h // cfg.block_h))
+                        plan = mma.plan(case.q, s.topk, mma.default_config(h, s.d_v))
                     elif name == "simt":
                         plan = plan_splits(case.q, s.topk, simt.DEFAULT_CONFIG.block_n, b * h)
                     splits = 1 if name == "torch" else plan.num_splits

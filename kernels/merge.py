@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.device import interpreting, program_slots
 
@@ -51,11 +52,18 @@ class SplitPlan:
     tiles_per_split: int
 
 
-def plan_splits(t: torch.Tensor, k: int, block_n: int, programs: int, num_splits: int | None = None) -> SplitPlan:
+def plan_splits(
+    t: torch.Tensor,
+    k: int,
+    block_n: int,
+    programs: int,
+    num_splits: int | None = None,
+    programs_per_sm: int = PROGRAMS_PER_SM,
+) -> SplitPlan:
     """Choose the number of splits for K indices when ``programs`` programs already run without splitting."""
     tiles = max(1, triton.cdiv(k, block_n))
     if num_splits is None:
-        target = PROGRAMS_PER_SM * program_slots(t)
+        target = programs_per_sm * program_slots(t)
         num_splits = max(1, min(triton.cdiv(target, max(programs, 1)), tiles // MIN_TILES_PER_SPLIT))
     num_splits = max(1, min(num_splits, tiles))
     per_split = triton.cdiv(tiles, num_splits)
@@ -98,8 +106,12 @@ def _merge_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     OUT_RTNE: tl.constexpr,
+    WAIT: tl.constexpr,
 ):
     """Merge S partials of one (row, head): out = Σ_s exp(lse_s − lse)·out_s, lse = log Σ_s exp(lse_s)."""
+    if WAIT:
+        # Launched early (programmatic dependent launch): wait here until the split kernel's writes are visible.
+        gdc_wait()
     pid = tl.program_id(0)  # b * H + h
     s = tl.arange(0, BLOCK_S)
     dv = tl.arange(0, BLOCK_DV)
@@ -123,9 +135,18 @@ def _merge_kernel(
     tl.store(lse_ptr + pid, lse2 * 0.6931471805599453)
 
 
-def merge(partials: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """Merge ``partials`` [B, H, S, D_v] fp32 and ``partial_lse`` [B, H, S] (log2) into ``out`` and ``lse`` (ln)."""
+def merge(
+    partials: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *, pdl: bool = False
+) -> None:
+    """Merge ``partials`` [B, H, S, D_v] fp32 and ``partial_lse`` [B, H, S] (log2) into ``out`` and ``lse`` (ln).
+
+    ``pdl`` launches the merge as a programmatic dependent launch (Hopper): it is scheduled while the split kernel
+    drains instead of after it, and waits on the device for the partials. Off under the interpreter and while
+    torch.compile traces (Inductor's launcher does not take the option).
+    """
     b, h, s, d_v = partials.shape
+    pdl = pdl and use_pdl(partials)
+    extra = {"launch_pdl": True} if pdl else {}
     _merge_kernel[(b * h,)](
         partials,
         partial_lse,
@@ -137,8 +158,24 @@ def merge(partials: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor, 
         BLOCK_S=triton.next_power_of_2(s),
         BLOCK_DV=triton.next_power_of_2(d_v),
         OUT_RTNE=emulate_rtne(out.dtype),
+        WAIT=pdl,
         num_warps=4,
+        **extra,
     )
+
+
+def use_pdl(t: torch.Tensor) -> bool:
+    """Return whether a programmatic dependent launch is possible for kernels on ``t``'s device (sm_90 or newer)."""
+    if interpreting() or t.device.type != "cuda" or torch.compiler.is_compiling():
+        return False
+    return torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+@triton.jit
+def trigger_dependents(TRIGGER: tl.constexpr):
+    """With TRIGGER, let a programmatically dependent kernel (the merge) launch now; a no-op otherwise."""
+    if TRIGGER:
+        gdc_launch_dependents()
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the H200 machine: install the carried wheels, then run the GPU checks and benchmarks.
-# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [refserver] [train]
+# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [tune] [refserver] [train]
 # Results go under $OUT (or ./gpu-out when OUT is unset). Carry `.whl` with the call.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -33,11 +33,16 @@ for s in "${sections[@]}"; do
                  tests/test_kernels.py tests/test_kernels_indexer.py 2>&1 | tee "$OUT/kernels-tests.log" || rc=1
                timeout 330 python3 -m kernels.bench --sweep ${KERNELS_BENCH_ARGS:-} --json "$OUT/kernels-bench.json" \
                  2>&1 | tee "$OUT/kernels-bench.txt" || rc=1 ;;
+    # tune: the MMA decode sweep (kernels/tune.py; TUNE_ARGS adds options), then the decode GPU tests.
+    tune)      timeout 480 python3 -m kernels.tune --json "$OUT/tune.json" --budget-s "${TUNE_BUDGET_S:-360}" \
+                 ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.txt" || rc=1
+               timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_kernels.py \
+                 2>&1 | tee "$OUT/tune-tests.log" || rc=1 ;;
     # REFSERVER_BUDGET_S: start no new combination after this many seconds (the device time is shared).
     refserver) timeout 540 python3 -m campaign.refserver.gpucheck --json "$OUT/refserver-gpu.json" \
                  --budget-s "${REFSERVER_BUDGET_S:-400}" >"$OUT/refserver-gpu.log" 2>&1 || rc=1
                grep -v '^\[' "$OUT/refserver-gpu.log" | tail -40 ;;
-    *) echo "unknown section: $s (kernels, refserver, train)"; rc=2 ;;
+    *) echo "unknown section: $s (kernels, tune, refserver, train)"; rc=2 ;;
   esac
 done
 exit $rc

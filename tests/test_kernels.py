@@ -71,6 +71,26 @@ def test_backend_matches_float64_reference(backend: str, shape: str, dtype: torc
     assert verdict.ok, verdict
 
 
+# Non-default MMA layouts the benchmark's sweep times: each must compute the same function.
+MMA_VARIANTS = {
+    "halves": mma.MmaConfig(16, 32, 4, 3, halves=True),
+    "swap": mma.MmaConfig(16, 64, 4, 3, swap=True),
+    "rows-unmasked": mma.MmaConfig(16, 16, 4, 2, mask_rows=False),
+    "pdl": mma.MmaConfig(16, 32, 4, 5, halves=True, pdl=True),
+}
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("shape", ["odd", "deepseek-row", "ragged-width"])
+@pytest.mark.parametrize("variant", list(MMA_VARIANTS))
+def test_mma_variants_match_float64_reference(variant: str, shape: str, num_splits: int) -> None:
+    gen = torch.Generator().manual_seed(seed(variant, shape, num_splits))
+    case = decode_case(gen, half_rows=(0,), **SMALL_SHAPES[shape])
+    out, lse = run_poisoned("mma", case, config=MMA_VARIANTS[variant], num_splits=num_splits)
+    verdict = compare(out, lse, *float64_reference(case))
+    assert verdict.ok, verdict
+
+
 @pytest.mark.parametrize("backend", ["torch", "simt", "mma"])
 def test_rows_with_no_valid_index_give_zeros_and_no_nan(backend: str) -> None:
     gen = torch.Generator().manual_seed(11)

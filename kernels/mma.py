@@ -49,20 +49,24 @@ class MmaConfig:
     swap: bool = False
     # Mask the gathers of unused slots (-1) so they move no bytes (off: they read row 0, as before).
     mask_rows: bool = True
-    # Programs per SM that the split plan aims for (it splits the top-k axis until B·groups·S reaches this).
+    # Programs per SM that the split plan aims for (it splits the top-k axis until B·groups·S reaches this), and
+    # whether it rounds the split count down so that every program is resident in one wave.
     programs_per_sm: int = 2
+    whole_wave: bool = False
     # Launch the merge as a programmatic dependent launch, so that its launch overlaps the split kernel's tail.
     pdl: bool = False
 
 
 def default_config(h: int, d_v: int) -> MmaConfig:
-    """Return the tuned configuration for H heads and latent width D_v."""
+    """Return the tuned configuration for H heads and latent width D_v (H200 sweep of 2026-12-02, docs/kernels.md)."""
     if h >= 64 and d_v >= 256:
-        # 32 heads per program, mma.sync, with p split hi + lo. The wgmma form (BLOCK_H=64, 8 warps) measured
-        # 1.6x faster on the H200 with bf16 p, but then misses FlashMLA's rule on ~1e-4 of the elements at the model's
-        # softmax scale 0.1352, and with split p it spills (1558 registers) and runs 14x slower. See docs/kernels.md.
-        return MmaConfig(block_h=32, block_n=32, num_warps=8, num_stages=3, split_p=True)
-    return MmaConfig(block_h=16, block_n=32, num_warps=4, num_stages=3)
+        # Swapped operands, 32 heads per program, 8 warps: wgmma with split p and no spills (189 registers);
+        # 186 µs at B=32 against 272 for the BLOCK_H=32 mma.sync form. 189 KB of shared memory: one program per SM.
+        return MmaConfig(block_h=32, block_n=64, num_warps=8, num_stages=3, swap=True, programs_per_sm=1)
+    # mma.sync (16 heads cannot fill wgmma's M=64). num_stages 5 is the first depth at which Triton's pipeliner
+    # keeps two KV tiles in flight; the latent in two halves measured 10-14% faster; two programs per SM (236
+    # registers, 92 KB shared) in one whole wave.
+    return MmaConfig(block_h=16, block_n=32, num_warps=4, num_stages=5, halves=True, whole_wave=True)
 
 
 @triton.jit
@@ -306,7 +310,8 @@ def _mma_swap_kernel(
 def plan(q: torch.Tensor, k: int, cfg: MmaConfig, num_splits: int | None = None) -> SplitPlan:
     """The split plan the kernel launches with for q's shape, K indices and ``cfg`` (``num_splits`` overrides)."""
     b, h, _ = q.shape
-    return plan_splits(q, k, cfg.block_n, b * triton.cdiv(h, cfg.block_h), num_splits, cfg.programs_per_sm)
+    programs = b * triton.cdiv(h, cfg.block_h)
+    return plan_splits(q, k, cfg.block_n, programs, num_splits, cfg.programs_per_sm, cfg.whole_wave)
 
 
 def decode(

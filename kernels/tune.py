@@ -1,6 +1,6 @@
 """MMA decode tuning sweep on the GPU: many kernel variants, each timed like the benchmark and checked for accuracy.
 
-    python -m kernels.tune [--json FILE] [--budget-s S] [--only NAME ...]
+    python -m kernels.tune [--json FILE] [--budget-s S] [--only NAME ...] [--round 1|2]
 
 For every variant (a configuration plus a split target) and shape it reports the CUDA-graph median µs over rotating
 inputs (kernels.bench's method: pool ≫ L2, enough input sets to exceed 8x L2), the same without the merge kernel
@@ -17,7 +17,7 @@ import json
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -38,9 +38,10 @@ class Variant:
     cfg: Any  # kernels.mma.MmaConfig
 
 
-def variants() -> list[Variant]:
-    """The sweep, most informative first (the budget may cut the tail)."""
+def variants(round: int = 1) -> list[Variant]:
+    """The sweep of ``round`` 1 or 2, most informative first (the budget may cut the tail)."""
     from kernels.mma import MmaConfig as C
+    from kernels.mma import default_config
 
     h16 = {
         # the shipped default before this sweep (unused slots still gathered), then with masked gathers
@@ -76,6 +77,25 @@ def variants() -> list[Variant]:
         "h128-swap-h32-n64-w8-s3": C(32, 64, 8, 3, swap=True),
         "h128-swap-h32-n64-w8-s3-pps1": C(32, 64, 8, 3, swap=True, programs_per_sm=1),
     }
+    # Round 2 (after the first sweep): the chosen defaults at more batch sizes, and the leads the first round left.
+    d16, d128 = default_config(16, 512), default_config(128, 512)
+    wide = C(16, 64, 8, 5, halves=True, programs_per_sm=1, whole_wave=True)
+    round2 = [
+        Variant("default", 16, 32, 4096, d16),
+        Variant("default", 16, 64, 4096, d16),
+        Variant("default", 16, 128, 4096, d16),
+        Variant("default", 16, 32, 1024, d16),
+        Variant("default-bf16p", 16, 32, 4096, replace(d16, split_p=False)),
+        Variant("n64-w8-s5-halves-ww1", 16, 32, 4096, wide),
+        Variant("n64-w8-s5-halves-ww1", 16, 128, 4096, wide),
+        Variant("n32-w4-s5-halves-ww2-s4", 16, 32, 4096, replace(d16, num_stages=4)),
+        Variant("default", 128, 32, 4096, d128),
+        Variant("default", 128, 128, 4096, d128),
+        Variant("h128-swap-h32-n64-w8-s3-ww1", 128, 32, 4096, replace(d128, whole_wave=True)),
+        Variant("h128-swap-h64-n64-w8-s3-pps1", 128, 32, 4096, C(64, 64, 8, 3, swap=True, programs_per_sm=1)),
+    ]
+    if round == 2:
+        return round2
     out = [Variant(n, 16, 32, 4096, c) for n, c in h16.items()]
     out += [Variant(n, 128, 32, 4096, c) for n, c in h128.items()]
     out += [Variant(n, 16, 128, 4096, c) for n, c in h16.items() if "bf16p" not in n]
@@ -166,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="write all rows here as JSON")
     parser.add_argument("--budget-s", type=float, default=400.0, help="start no new variant after this many seconds")
     parser.add_argument("--only", nargs="*", default=None, help="run only the variants with these names")
+    parser.add_argument("--round", type=int, default=1, choices=[1, 2], help="which sweep (2: after the first)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernels.tune measures a CUDA GPU and none is visible", file=sys.stderr)
@@ -182,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     kv = torch.randn((s.pool_tokens, s.d_qk), generator=gen, device=dev).to(torch.bfloat16)
     report: dict[str, Any] = {"environment": environment(True), "ceilings": ceil, "rows": []}
     shape_cache: dict[tuple[int, int, int], Any] = {}
-    todo = [v for v in variants() if args.only is None or v.name in args.only]
+    todo = [v for v in variants(args.round) if args.only is None or v.name in args.only]
     for v in todo:
         if time.monotonic() - t_start > args.budget_s:
             print(f"budget spent: skipping {v.name} H={v.h} B={v.b} L={v.context}", flush=True)

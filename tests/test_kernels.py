@@ -218,6 +218,17 @@ def test_gpu_backend_matches_float64_reference(backend: str, shape: str, sm_scal
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("variant", list(MMA_VARIANTS))
+def test_gpu_mma_variants_at_the_model_shape(variant: str) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(seed(variant, "gpu"))
+    case = decode_case(gen, half_rows=(1,), invalid_rows=(2,), sm_scale=0.1352, **GPU_SHAPES["tp8"])
+    out, lse = run_poisoned("mma", case, config=MMA_VARIANTS[variant])
+    verdict = compare(out, lse, *float64_reference(case))
+    assert verdict.ok, verdict
+
+
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("h", [16, 128])
 def test_gpu_dominant_logit_across_splits(h: int) -> None:
     gen = torch.Generator(device="cuda").manual_seed(h)

@@ -201,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     gen = torch.Generator(device=dev).manual_seed(5)
     kv = torch.randn((s.pool_tokens, s.d_qk), generator=gen, device=dev).to(torch.bfloat16)
-    report: dict[str, Any] = {"environment": environment(True), "ceilings": ceil, "rows": []}
+    env = environment(True)
+    env["command"] = "python -m kernels.tune " + " ".join(sys.argv[1:] if argv is None else argv)
+    report: dict[str, Any] = {"environment": env, "ceilings": ceil, "rows": []}
     shape_cache: dict[tuple[int, int, int], Any] = {}
     todo = [v for v in variants(args.round) if args.only is None or v.name in args.only]
     for v in todo:

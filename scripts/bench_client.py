@@ -6,6 +6,11 @@ server keeps. The server also reports how late it sent its own chunks, so the cl
 be told apart. Then it raises a Poisson request rate until the client no longer sustains it (an error, an achieved
 rate more than 10% below the offered one, or a median TTFT past 10 ms). Prints a table and writes JSON.
 
+By default the endpoint busy-polls (``--endpoint spin``), so the ruler does not add its own wake-up latency to what
+is charged to the client; it takes one core, the client the other. ``--endpoint sleep`` runs the sleeping endpoint
+instead (what the client sees against a server that is not punctual). Neither is pinned: pinned, any other process
+on the machine lands on the client's core (measured: worse under load, no better when quiet).
+
     .venv/bin/python scripts/bench_client.py --ttft-ms 50 --itl-ms 20 --tokens 64 --out bench_client.json
 """
 
@@ -127,12 +132,14 @@ def main() -> int:
     p.add_argument("--rates", default="100,200,400,800,1600,2400,3200,4800")
     p.add_argument("--rate-seconds", type=float, default=4.0)
     p.add_argument("--rate-tokens", type=int, default=4)
+    p.add_argument("--endpoint", choices=("spin", "sleep"), default="spin")
     p.add_argument("--out", default="bench_client.json")
     args = p.parse_args()
+    spin = args.endpoint == "spin"
     console = Console(highlight=False, width=200)
     levels: list[dict[str, Any]] = []
     rates: list[dict[str, Any]] = []
-    with ScheduledServer(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms) as srv:
+    with ScheduledServer(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, spin=spin) as srv:
         # Alike streams started together stay together: every wave sends c requests at once. Each level with
         # c > 1 runs twice: so (a burst), and with the starts spread over one request's duration (ramp_s).
         duration_s = (args.ttft_ms + (args.tokens - 1) * args.itl_ms) / 1000.0
@@ -140,7 +147,7 @@ def main() -> int:
             for ramp in (0.0, duration_s) if c > 1 else (0.0,):
                 n = args.requests_per_stream * c
                 levels.append(concurrency_level(srv.url, c, n, args.tokens, args.ttft_ms, args.itl_ms, ramp))
-    with ScheduledServer(ttft_ms=0.0, itl_ms=0.0) as srv:
+    with ScheduledServer(ttft_ms=0.0, itl_ms=0.0, spin=spin) as srv:
         for r in (float(x) for x in args.rates.split(",")):
             # The cap keeps the endpoint below select()'s 1024 descriptors; a client that falls behind then queues
             # on it, its TTFT grows, and the rate counts as not sustained.
@@ -188,17 +195,17 @@ def main() -> int:
     rt = Table(title=f"Poisson request rate ({args.rate_tokens} tokens, no delay)")
     for col in ("offered/s", "achieved/s", "TTFT med", "TTFT p99", "errors", "sustained"):
         rt.add_column(col, justify="right")
-    for r in rates:
+    for row in rates:
         rt.add_row(
-            f"{r['offered_rate']:g}",
-            f"{r['achieved_rate']:.1f}",
-            f"{r['ttft_median_ms'] or 0:.2f}",
-            f"{r['ttft_p99_ms'] or 0:.2f}",
-            str(sum(r["errors"].values())),
-            "yes" if r["sustained"] else "no",
+            f"{row['offered_rate']:g}",
+            f"{row['achieved_rate']:.1f}",
+            f"{row['ttft_median_ms'] or 0:.2f}",
+            f"{row['ttft_p99_ms'] or 0:.2f}",
+            str(sum(row["errors"].values())),
+            "yes" if row["sustained"] else "no",
         )
     console.print(rt)
-    best = max((r["offered_rate"] for r in rates if r["sustained"]), default=None)
+    best = max((row["offered_rate"] for row in rates if row["sustained"]), default=None)
     console.print(f"highest sustained request rate: {best if best is not None else 'none'} /s")
     # The target (TTFT and ITL within 1 ms of the schedule) is judged on the ramped levels and on c=1; burst
     # levels are printed for what they are: c requests serialised through one client and one server at once.
@@ -213,6 +220,7 @@ def main() -> int:
         "machine": {
             "cpus": os.cpu_count(),
             "cpus_usable": len(os.sched_getaffinity(0)),
+            "endpoint": args.endpoint,
             "platform": platform.platform(),
             "loadavg": os.getloadavg(),
         },

@@ -340,6 +340,9 @@ def main() -> int:
     p.add_argument("--input-len", type=int, default=32, help="prompt length in words (= tokens of both tokenizers)")
     p.add_argument("--concurrency", default="1,64,256")
     p.add_argument("--requests-per-stream", type=int, default=3, help="measured requests = this x concurrency")
+    p.add_argument(
+        "--endpoint", choices=("spin", "sleep"), default="spin", help="busy-polling (punctual) or sleeping endpoint"
+    )
     p.add_argument("--out", default="bench_vs_vllm.json")
     args = p.parse_args()
     console = Console(highlight=False, width=240)
@@ -362,7 +365,7 @@ def main() -> int:
         subprocess.run(
             [str(py), "-c", _TOKENIZER_CODE, str(tokenizer), json.dumps(list(_WORDS))], check=True, env=_env()
         )
-        with ScheduledServer(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms) as srv:
+        with ScheduledServer(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, spin=args.endpoint == "spin") as srv:
             for c in (int(x) for x in args.concurrency.split(",")):
                 n = args.requests_per_stream * c
                 console.print(f"c={c}: campaign ({n} requests) ...")
@@ -400,6 +403,7 @@ def main() -> int:
         },
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "schedule": {**sched, "tokens": args.tokens, "input_len": args.input_len},
+        "endpoint": args.endpoint,
         "levels": levels,
         "problems": problems,
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from pydantic import ValidationError
 
@@ -68,6 +69,18 @@ def test_poisson_rate_level(scheduled: ScheduledServer) -> None:
     assert lv.label == "rate=50/s,c<=8"
     assert lv.successful == 20 and result.passed
     assert lv.request_throughput < 50 * 1.8  # arrivals are spread out, not sent at once
+
+
+def test_spinning_endpoint_keeps_the_same_schedule() -> None:
+    # The benchmark's ruler (--spin: busy-polling epoll) must serve exactly what the sleeping endpoint serves.
+    with ScheduledServer(ttft_ms=TTFT_MS, itl_ms=ITL_MS, tokens=TOKENS, spin=True) as srv:
+        result = run_bench(srv.url, BenchSettings(concurrency=[4], requests=8, warmup=0))
+        stats = httpx.get(srv.url + "/stats").json()
+    (lv,) = result.levels
+    assert result.passed and (lv.successful, lv.output_tokens) == (8, 8 * TOKENS)
+    assert TTFT_MS <= lv.ttft.median < TTFT_MS + 25  # type: ignore[operator]
+    assert ITL_MS - 3 < lv.itl.median < ITL_MS + 5  # type: ignore[operator]
+    assert stats["requests"] == 8 and stats["chunk_late"]["count"] == 8 * TOKENS
 
 
 def test_error_event_mid_stream_under_http_200_fails_the_level() -> None:

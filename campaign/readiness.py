@@ -10,6 +10,10 @@ re-read, and it checks liveness every poll, so a death is noticed well within a 
 three signals held. Lines appended after the marker in the same poll can only make the figure smaller by the
 time between them, which the poll interval bounds. ``death_detect_lag_s`` is measured the same way from the
 mtime of the ``exit_code`` file the launch script writes when the server exits.
+
+A poll whose host call fails (a dropped SSH connection; ``SSHHost`` re-establishes it at the next call) is repeated
+at the next poll: every check here only reads, so repeating one is safe. ``HOST_RETRIES`` failed polls in a row, or
+a host-key error, end the wait with the ``HostError``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from campaign.errors import HostError, HostKeyError
 from campaign.hosts.base import Host
 from campaign.records import LaunchSpec, PhaseMark
 from campaign.server import Running, ServerControl
@@ -30,6 +35,8 @@ q = shlex.quote
 LineCallback = Callable[[int, str], None]
 PhaseCallback = Callable[[str], None]
 READ_CHUNK = 1 << 20
+#: Failed polls in a row that end a wait (a reconnect happens inside one poll, so a blip costs one or two).
+HOST_RETRIES = 3
 
 
 class LogFollower:
@@ -129,8 +136,10 @@ def wait_ready(
     marker_line_at: float | None = None
     last_line = ""
 
+    marker_seen = False
+
     def take(lines: list[tuple[int, str]]) -> None:
-        nonlocal phase, marker_line_at, last_line
+        nonlocal phase, marker_seen, last_line
         for number, text in lines:
             if text.strip():
                 last_line = text
@@ -142,14 +151,19 @@ def wait_ready(
                     phase = name
                     if on_phase is not None:
                         on_phase(name)
-            if marker_line_at is None and marker.search(text):
-                marker_line_at = _mtime(host, running.log_path) - offset_s
+            if not marker_seen and marker.search(text):
+                marker_seen = True
                 if not any(p.name == "ready" for p in phases):
                     phases.append(PhaseMark(name="ready", at_s=round(time.time() - t_start, 3), line=number))
                 phase = "ready"
 
-    while True:
+    def step() -> Readiness | None:
+        """One poll: the outcome when the wait is over, else None."""
+        nonlocal marker_line_at
         take(follower.poll())
+        if marker_seen and marker_line_at is None:
+            # Dated after take(): lines already taken are not read again if this call fails and the poll repeats.
+            marker_line_at = _mtime(host, running.log_path) - offset_s
         if marker_line_at is not None:
             status = health_status(base_url, spec.health_path)
             if status == 200 and control.alive(running.pgid):
@@ -192,6 +206,22 @@ def wait_ready(
                 detail=f"not ready after {deadline_s:g} s: stalled in {phase}, waiting for {waiting}",
                 last_line=last_line,
             )
+        return None
+
+    failures = 0
+    while True:
+        try:
+            outcome = step()
+        except HostKeyError:
+            raise
+        except HostError:
+            failures += 1
+            if failures >= HOST_RETRIES or time.monotonic() >= deadline:
+                raise
+        else:
+            failures = 0
+            if outcome is not None:
+                return outcome
         time.sleep(poll_s)
 
 

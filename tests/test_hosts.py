@@ -29,7 +29,7 @@ from campaign.hosts.base import Host, Result
 from campaign.hosts.function import FunctionHost
 from campaign.hosts.local import LocalHost
 from campaign.hosts.ssh import SSHHost
-from tests.fixtures.sshd import SSHServer, _tool
+from tests.fixtures.sshd import SSHServer, _tool, cut_connections, start_test_sshd
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -343,6 +343,58 @@ def test_ssh_close_stops_forwarders(sshd: SSHServer, http_port: int) -> None:
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", local_port), timeout=2):
         pass
     assert _wait_until(lambda: threading.active_count() <= before, 5.0), threading.enumerate()
+
+
+# -- SSH: a lost connection ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_sshd(tmp_path: Path) -> Iterator[tuple[SSHServer, subprocess.Popen[bytes]]]:
+    """An sshd of this test's own, so cutting its connections touches no other test."""
+    server, proc = start_test_sshd(tmp_path)
+    try:
+        yield server, proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
+
+
+def test_lost_connection_comes_back_at_the_next_call(
+    own_sshd: tuple[SSHServer, subprocess.Popen[bytes]], http_port: int, tmp_path: Path
+) -> None:
+    server, proc = own_sshd
+    host = server.connect()
+    try:
+        base = host.url(http_port)
+        assert host.run("echo one").stdout == "one\n"
+        cut_connections(proc.pid)
+        assert _wait_until(lambda: not host.connected, 5.0)
+        assert host.run("echo two").stdout == "two\n"
+        assert host.connected and host.reconnects == 1
+        assert len(server.accepted_logins()) == 2  # a new, verified, authenticated connection
+        # Files and the forwarded URL handed out before the drop work on the new connection.
+        host.write_file(str(tmp_path / "after"), b"back")
+        assert host.read_file(str(tmp_path / "after")) == b"back"
+        assert httpx.get(f"{base}/x", timeout=10).status_code == 200
+    finally:
+        host.close()
+
+
+def test_a_host_that_stays_down_is_a_clear_error(own_sshd: tuple[SSHServer, subprocess.Popen[bytes]]) -> None:
+    server, proc = own_sshd
+    host = server.connect()
+    try:
+        host.reconnect_s = 1.0
+        cut_connections(proc.pid)  # before the master goes: its children are found by their parent
+        proc.terminate()
+        proc.wait(timeout=5)
+        assert _wait_until(lambda: not host.connected, 5.0)
+        started = time.monotonic()
+        with pytest.raises(HostError, match=r"could not be re-established within 1 s"):
+            host.run("true")
+        assert time.monotonic() - started < 5.0
+    finally:
+        host.close()
 
 
 # -- SSH: host keys -------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fixtures.sshd import SSHServer
+from tests.fixtures.sshd import SSHServer, cut_connections, start_test_sshd
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "hf_s3cr3t-value-0123456789"
@@ -197,6 +197,38 @@ def test_restore_command_relaunches_known_good(sshd: SSHServer, tmp_path: Path) 
     assert doc["attempts"][0]["spec_hash"] == first["attempts"][0]["spec_hash"]
     assert doc["final"]["healthy"] is True
     campaign("stop", str(path), runs=runs)
+
+
+def test_a_dropped_ssh_connection_does_not_end_the_run(tmp_path: Path) -> None:
+    """sshd drops every connection while the baseline starts: the loop reconnects and the run passes."""
+    (tmp_path / "sshd").mkdir()
+    server, proc = start_test_sshd(tmp_path / "sshd")
+    try:
+        path = experiment(tmp_path, "blip", server.host_config(), [{"name": "bigger-batch", "knobs": {"max_batch": 8}}])
+        runs = tmp_path / "runs"
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "campaign.cli", "--runs-dir", str(runs), "run", str(path), "--json"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # The box is this machine: cut the connections once the baseline's server log exists (it is starting).
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "box").glob("runs/*/*-baseline/server.log")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        cut = cut_connections(proc.pid)
+        out, err = cli.communicate(timeout=300)
+        assert cut > 0
+        assert cli.returncode == 0, err
+        doc = json.loads(out)
+        assert [a["outcome"] for a in doc["attempts"]] == ["passed", "passed"]
+        assert len(server.accepted_logins()) >= 2  # the loop connected again, verifying the host key again
+        campaign("stop", str(path), runs=runs)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
 
 
 def test_unknown_host_key_is_refused(sshd: SSHServer, tmp_path: Path) -> None:

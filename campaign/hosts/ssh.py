@@ -76,7 +76,14 @@ class SSHHost:
     so. The host is then usable from several threads at once: commands open their own channels, file calls share
     one SFTP session under a lock, forwarders carry traffic on their own threads. ``close()`` (idempotent)
     stops the forwarders, ends the SFTP session and the connection, then the jump host's; later calls raise
-    ``HostError``. A lost connection is not re-established: calls raise ``HostError`` and the caller reconnects.
+    ``HostError``.
+
+    A lost connection (sshd restarted, a network blip, the box rebooted) is re-established by the next call that
+    finds it down: the same target, keys and host-key check, retried with backoff for up to ``reconnect_s``; the
+    forwarders keep their local ports and carry new connections over the new transport, so URLs handed out
+    stay valid. A call that was in flight when the connection broke still raises ``HostError`` (whether a command
+    ran is then unknown, so it is not re-sent), except ``read_file``, which is safe to repeat and is retried once.
+    A changed host key on reconnect is refused like any other.
     """
 
     def __init__(self, client: paramiko.SSHClient, target: _Target, *, via: SSHHost | None = None) -> None:
@@ -103,6 +110,13 @@ class SSHHost:
         #: Signalled when a command slot frees up (shares the state lock: slots are host state).
         self._pool_free = threading.Condition(self._state_lock)
         self._closed = False
+        #: Re-opens the same target (set by ``_open``); None: a lost connection stays lost.
+        self._reopen: Callable[[], SSHHost] | None = None
+        #: How long a reconnect keeps trying before the call raises ``HostError``; 0 turns reconnecting off.
+        self.reconnect_s = 60.0
+        #: Connections re-established so far (the loop reports them).
+        self.reconnects = 0
+        self._reconnect_lock = threading.Lock()
         transport = client.get_transport()
         if transport is None:  # connect() returned, so this is a paramiko invariant, not a user error
             raise HostError(f"{self.name}: the SSH transport vanished right after connecting")
@@ -201,7 +215,21 @@ class SSHHost:
             if via is not None:
                 via.close()
             raise
-        return cls(client, target, via=via)
+        opened = cls(client, target, via=via)
+        opened._reopen = lambda: cls._open(
+            host,
+            user=user,
+            port=port,
+            key_filename=key_filename,
+            fallback_key=fallback_key,
+            known_hosts=known_hosts,
+            accept_new_host_key=accept_new_host_key,
+            config=config,
+            connect_timeout=connect_timeout,
+            jumps=jumps,
+            depth=depth,
+        )
+        return opened
 
     # -- the Host protocol --------------------------------------------------------------------------------------------
 
@@ -215,7 +243,7 @@ class SSHHost:
         command's process group a moment later. A detached child (``setsid ... </dev/null >log 2>&1 &``)
         never holds the call open.
         """
-        self._check_open()
+        self._ensure_connected()
         deadline = time.monotonic() + timeout
         runner: _Runner | None = None
         slot = False
@@ -313,7 +341,7 @@ class SSHHost:
 
     def write_file(self, path: str, data: bytes, *, mode: int = 0o600) -> None:
         """Create or replace ``path`` with ``data`` and ``mode`` over SFTP (atomically: a temp file, renamed)."""
-        self._check_open()
+        self._ensure_connected()
         tmp = f"{path}.tmp-{secrets.token_hex(4)}"
         with self._sftp_lock:
             sftp = self._sftp_session()
@@ -345,9 +373,19 @@ class SSHHost:
 
     def read_file(self, path: str, *, offset: int = 0, limit: int | None = None) -> bytes:
         """Bytes of ``path`` from ``offset``, at most ``limit``, over SFTP; ``b""`` when missing or shorter."""
-        self._check_open()
         if offset < 0 or (limit is not None and limit < 0):
             raise HostError(f"{self.name}: bad range for {path}: offset={offset} limit={limit}")
+        self._ensure_connected()
+        try:
+            return self._read_once(path, offset, limit)
+        except HostError:
+            if self._closed or self._transport.is_active():
+                raise
+        # The connection broke under the read; a read changes nothing on the host, so it is safe to repeat.
+        self._ensure_connected()
+        return self._read_once(path, offset, limit)
+
+    def _read_once(self, path: str, offset: int, limit: int | None) -> bytes:
         with self._sftp_lock:
             sftp = self._sftp_session()
             try:
@@ -383,6 +421,7 @@ class SSHHost:
     def url(self, port: int) -> str:
         """``http://127.0.0.1:LOCAL``: a local listener (one per remote port, reused) forwarding to ``port``."""
         port = int(port)
+        self._ensure_connected()
         with self._state_lock:
             self._check_open_locked()
             fwd = self._forwarders.get(port)
@@ -390,6 +429,11 @@ class SSHHost:
                 fwd = _Forwarder(self._transport, port, self.name)
                 self._forwarders[port] = fwd
         return f"http://127.0.0.1:{fwd.local_port}"
+
+    @property
+    def connected(self) -> bool:
+        """Whether the SSH connection is up right now (a lost one comes back at the next call)."""
+        return not self._closed and self._transport.is_active()
 
     def close(self) -> None:
         """Stop the forwarders, end SFTP and the connection, then the jump host's. Idempotent."""
@@ -414,9 +458,64 @@ class SSHHost:
 
     # -- internals -----------------------------------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
+    def _ensure_connected(self) -> None:
+        """Raise if closed; re-establish a lost connection (one thread at a time) before a call goes out."""
         with self._state_lock:
-            self._check_open_locked()
+            if self._closed:
+                self._check_open_locked()
+            if self._transport.is_active():
+                return
+        with self._reconnect_lock:
+            with self._state_lock:
+                if self._closed or self._transport.is_active():
+                    self._check_open_locked()  # closed meanwhile: raises; reconnected by another thread: returns
+                    return
+            self._reconnect()
+
+    def _reconnect(self) -> None:
+        """Open the same target again and move the pool, SFTP and forwarders onto the new transport."""
+        if self._reopen is None or self.reconnect_s <= 0:
+            with self._state_lock:
+                self._check_open_locked()
+            return
+        deadline = time.monotonic() + self.reconnect_s
+        delay = 0.25
+        while True:
+            try:
+                fresh = self._reopen()
+                break
+            except HostKeyError:
+                raise  # a changed key is an answer, not a blip
+            except HostError as exc:
+                if time.monotonic() + delay > deadline:
+                    raise HostError(
+                        f"{self.name}: the SSH connection was lost and could not be re-established within "
+                        f"{self.reconnect_s:g} s: {exc}",
+                        hint="check that the host is up and sshd answers; `campaign restore` puts the known-good back",
+                    ) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        with self._pool_free:
+            if self._closed:
+                fresh.close()
+                self._check_open_locked()
+            stale, self._idle = self._idle, []
+            self._slots -= len(stale)
+            old_client, old_via = self._client, self.via
+            self._client, self._transport, self.via = fresh._client, fresh._transport, fresh.via
+            self._runners_work = True
+            self.reconnects += 1
+            forwarders = list(self._forwarders.values())
+            self._pool_free.notify_all()
+        for runner in stale:
+            runner.close()
+        for fwd in forwarders:
+            fwd.retarget(self._transport)
+        with self._sftp_lock:
+            self._drop_sftp()
+        old_client.close()
+        if old_via is not None:
+            old_via.close()
 
     def _check_open_locked(self) -> None:
         if self._closed:
@@ -550,6 +649,10 @@ class _Forwarder:
         finally:
             with self._lock:
                 self._live.discard(pump)
+
+    def retarget(self, transport: paramiko.Transport) -> None:
+        """Carry new connections over ``transport`` (after a reconnect); the local port stays the same."""
+        self._transport = transport
 
     def close(self) -> None:
         """Stop listening and cut every live connection."""

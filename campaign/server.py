@@ -22,6 +22,7 @@ import shlex
 import time
 from dataclasses import asdict, dataclass
 
+from campaign.config import shell_word
 from campaign.errors import DirtyHost, HostError
 from campaign.hosts.base import Host
 from campaign.records import LaunchSpec
@@ -103,7 +104,10 @@ class ServerControl:
 
     @staticmethod
     def launch_script(spec: LaunchSpec, remote_dir: str, header: str) -> str:
-        """The shell script that runs ``spec``; every value quoted, so hostile config values stay literal."""
+        """The shell script that runs ``spec``; every value quoted, so hostile config values stay literal.
+
+        A leading ``~/`` in a value is the host's home (``shell_word``), as a user typing the command would expect.
+        """
         lines = [
             "#!/bin/sh",
             f"# {header}",
@@ -112,10 +116,10 @@ class ServerControl:
             f"echo $$ > {q(remote_dir + '/pid')}",
         ]
         if spec.workdir:
-            lines.append(f"cd {q(spec.workdir)} || exit 97")
+            lines.append(f"cd {shell_word(spec.workdir)} || exit 97")
         for name, value in spec.env.items():
-            lines.append(f"export {name}={q(value)}")
-        lines.append(" ".join(q(a) for a in spec.command))
+            lines.append(f"export {name}={shell_word(value)}")
+        lines.append(" ".join(shell_word(a) for a in spec.command))
         lines.append(f"echo $? > {q(remote_dir + '/exit_code')}")
         return "\n".join(lines) + "\n"
 

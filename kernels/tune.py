@@ -1,6 +1,6 @@
 """MMA decode tuning sweep on the GPU: many kernel variants, each timed like the benchmark and checked for accuracy.
 
-    python -m kernels.tune [--json FILE] [--budget-s S] [--only NAME ...] [--round 1|2]
+    python -m kernels.tune [--json FILE] [--budget-s S] [--only NAME ...] [--round 1|2|3]
 
 For every variant (a configuration plus a split target) and shape it reports the CUDA-graph median µs over rotating
 inputs (kernels.bench's method: pool ≫ L2, enough input sets to exceed 8x L2), the same without the merge kernel
@@ -36,10 +36,11 @@ class Variant:
     b: int
     context: int
     cfg: Any  # kernels.mma.MmaConfig
+    num_splits: int | None = None  # None: the config's own plan (persistent: programs per item)
 
 
 def variants(round: int = 1) -> list[Variant]:
-    """The sweep of ``round`` 1 or 2, most informative first (the budget may cut the tail)."""
+    """The sweep of ``round`` 1, 2 or 3, most informative first (the budget may cut the tail)."""
     from kernels.mma import MmaConfig as C
     from kernels.mma import default_config
 
@@ -96,10 +97,47 @@ def variants(round: int = 1) -> list[Variant]:
     ]
     if round == 2:
         return round2
+    if round == 3:
+        return round3(d16, d128)
     out = [Variant(n, 16, 32, 4096, c) for n, c in h16.items()]
     out += [Variant(n, 128, 32, 4096, c) for n, c in h128.items()]
     out += [Variant(n, 16, 128, 4096, c) for n, c in h16.items() if "bf16p" not in n]
     out += [Variant(n, 16, 32, 1024, h16[n]) for n in ("old-default", "n32-w4-s5", "swap-n64-w8-s3-pps1")]
+    return out
+
+
+def round3(d16: Any, d128: Any) -> list[Variant]:
+    """Round 3 (issue 4's persistent leads): stream-K with the merge in the kernel, against the round-2 default."""
+    nest = replace(d16, persistent=True, nested=True, whole_wave=False)
+    flat = replace(nest, nested=False)
+    out = [
+        Variant("default", 16, 32, 4096, d16),
+        Variant("pk-nested", 16, 32, 4096, nest),
+        Variant("pk-flat", 16, 32, 4096, flat),
+        Variant("default", 16, 128, 4096, d16),
+        Variant("pk-nested", 16, 128, 4096, nest),
+        Variant("pk-flat", 16, 128, 4096, flat),
+        # the same schedule as the default (S programs per row) with only the merge moved into the kernel
+        Variant("pk-nested-S8", 16, 32, 4096, nest, num_splits=8),
+        Variant("pk-nested-S2", 16, 128, 4096, nest, num_splits=2),
+        Variant("pk-nested-pps1", 16, 32, 4096, replace(nest, programs_per_sm=1)),
+        Variant("pk-nested-pps1", 16, 128, 4096, replace(nest, programs_per_sm=1)),
+        Variant("pk-nested-s4", 16, 32, 4096, replace(nest, num_stages=4)),
+        Variant("pk-nested-s6", 16, 32, 4096, replace(nest, num_stages=6)),
+        Variant("pk-flat-s4", 16, 32, 4096, replace(flat, num_stages=4)),
+        Variant("pk-nested", 16, 64, 4096, nest),
+        Variant("default", 16, 64, 4096, d16),
+        Variant("pk-nested", 16, 8, 4096, nest),
+        Variant("default", 16, 8, 4096, d16),
+        Variant("default", 16, 32, 1024, d16),
+        Variant("pk-nested", 16, 32, 1024, nest),
+        Variant("pk-nested-skip", 16, 32, 1024, replace(nest, skip_empty=True)),
+        Variant("pk-flat-skip", 16, 32, 1024, replace(flat, skip_empty=True)),
+        Variant("default", 128, 32, 4096, d128),
+        # repeats: the run-to-run spread of the two headline rows
+        Variant("default-again", 16, 32, 4096, d16),
+        Variant("pk-nested-again", 16, 32, 4096, nest),
+    ]
     return out
 
 
@@ -130,16 +168,22 @@ def run_variant(
 
     s = FULL
     c0 = cases[0]
-    asm = mma.matrix_instructions(c0.q, kv, c0.indices, c0.sm_scale, s.d_v, config=v.cfg)
+    ns = v.num_splits
+    asm = mma.matrix_instructions(c0.q, kv, c0.indices, c0.sm_scale, s.d_v, config=v.cfg, num_splits=ns)
     checks = {}
     for scale, (case, ref) in refs.items():
-        out, lse = mma.decode(case.q, kv, case.indices, scale, s.d_v, config=v.cfg)
+        out, lse = mma.decode(case.q, kv, case.indices, scale, s.d_v, config=v.cfg, num_splits=ns)
         checks[f"{scale:.4f}"] = compare(out[:2], lse[:2], *ref)
-    calls = [(lambda c=c: mma.decode(c.q, kv, c.indices, c.sm_scale, s.d_v, config=v.cfg)) for c in cases]
+    calls = [
+        (lambda c=c: mma.decode(c.q, kv, c.indices, c.sm_scale, s.d_v, config=v.cfg, num_splits=ns)) for c in cases
+    ]
     med, p90 = timer.time_rotated(calls)
-    plan = mma.plan(c0.q, s.topk, v.cfg)
+    # Graph replays twice more on the last inputs: the persistent kernel's tickets must have reset themselves.
+    again = [mma.decode(c0.q, kv, c0.indices, c0.sm_scale, s.d_v, config=v.cfg, num_splits=ns) for _ in range(2)]
+    repeat_ok = bool(torch.equal(again[0][0], again[1][0]) and torch.equal(again[0][1], again[1][1]))
+    plan = mma.plan(c0.q, s.topk, v.cfg, ns)
     split_only = float("nan")
-    if plan.num_splits > 1:
+    if plan.num_splits > 1 and not v.cfg.persistent:
         # The split kernel alone, into buffers made outside the graph: the merge's share is the difference.
         bufs = [outputs(c.q, s.d_v, plan, None, None) for c in cases]
         only = [
@@ -161,7 +205,8 @@ def run_variant(
         "tiles_per_split": plan.tiles_per_split,
         "rotation": len(cases),
         "asm": asm,
-        "checks_ok": all(c.ok for c in checks.values()),
+        "repeat_identical": repeat_ok,
+        "checks_ok": all(c.ok for c in checks.values()) and repeat_ok,
         "checks": {k: str(c) for k, c in checks.items()},
     }
 
@@ -186,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="write all rows here as JSON")
     parser.add_argument("--budget-s", type=float, default=400.0, help="start no new variant after this many seconds")
     parser.add_argument("--only", nargs="*", default=None, help="run only the variants with these names")
-    parser.add_argument("--round", type=int, default=1, choices=[1, 2], help="which sweep (2: after the first)")
+    parser.add_argument("--round", type=int, default=1, choices=[1, 2, 3], help="which sweep (2, 3: later rounds)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernels.tune measures a CUDA GPU and none is visible", file=sys.stderr)
@@ -225,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                 refs[scale] = (case, ref)
             shape_cache = {key: (cases, refs)}  # one shape's inputs at a time (B=128 sets are large)
         cases, refs = shape_cache[key]
-        row: dict[str, Any] = {"name": v.name, "H": v.h, "B": v.b, "L": v.context, "config": asdict(v.cfg)}
+        row: dict[str, Any] = {"name": v.name, "H": v.h, "B": v.b, "L": v.context, "config": asdict(v.cfg),
+                               "num_splits": v.num_splits}  # fmt: skip
         t0 = time.monotonic()
         try:
             with Cap(VARIANT_CAP_S):

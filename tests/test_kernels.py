@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from dataclasses import replace
 
 import pytest
 
@@ -77,7 +78,12 @@ MMA_VARIANTS = {
     "swap": mma.MmaConfig(16, 64, 4, 3, swap=True),
     "rows-unmasked": mma.MmaConfig(16, 16, 4, 2, mask_rows=False),
     "pdl": mma.MmaConfig(16, 32, 4, 5, halves=True, pdl=True),
+    # Stream-K persistent kernel with the merge inside (num_splits = programs per item).
+    "persistent": mma.MmaConfig(16, 32, 4, 5, halves=True, persistent=True, nested=True),
+    "persistent-flat": mma.MmaConfig(16, 32, 4, 5, halves=True, persistent=True),
+    "persistent-skip": mma.MmaConfig(16, 16, 4, 3, persistent=True, nested=True, skip_empty=True),
 }
+PERSISTENT = {k: v for k, v in MMA_VARIANTS.items() if v.persistent}
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
@@ -91,6 +97,40 @@ def test_mma_variants_match_float64_reference(variant: str, shape: str, num_spli
     assert verdict.ok, verdict
 
 
+@pytest.mark.parametrize("variant", list(PERSISTENT))
+def test_persistent_item_boundaries_inside_one_program(variant: str) -> None:
+    # One program per interpreter "SM" (4 programs) over 6 items of 3 tiles: ranges of 4-5 tiles cross item
+    # boundaries, so some items are whole in one program (direct store) and others split over two (partials).
+    cfg = replace(PERSISTENT[variant], programs_per_sm=1)
+    gen = torch.Generator().manual_seed(seed("boundaries", variant))
+    case = decode_case(gen, b=3, h=20, d_qk=80, d_v=64, k=77, n=300, half_rows=(0,), invalid_rows=(2,))
+    sp = mma.stream_plan(case.q, case.indices.shape[1], cfg)
+    assert sp.programs < sp.items and (sp.items * sp.tiles) % sp.programs != 0
+    out, lse = run_poisoned("mma", case, config=cfg)
+    verdict = compare(out, lse, *float64_reference(case))
+    assert verdict.ok, verdict
+    assert torch.equal(out[2], torch.zeros_like(out[2])) and torch.isneginf(lse[2]).all()
+
+
+@pytest.mark.parametrize("variant", list(PERSISTENT))
+def test_persistent_counters_reset_between_calls(variant: str) -> None:
+    # The last owner of each split item resets its ticket: a second call on new inputs must see zeros again.
+    cfg = PERSISTENT[variant]
+    gen = torch.Generator().manual_seed(seed("reset", variant))
+    first = decode_case(gen, b=2, h=4, d_qk=80, d_v=64, k=100, n=300)
+    sp = mma.stream_plan(first.q, 100, cfg, 3)  # 2 items of tiles over 6 programs
+    starts = [p * sp.items * sp.tiles // sp.programs for p in range(sp.programs)]
+    assert sum(1 for x in starts if x < sp.tiles) >= 3  # item 0 is split across three programs or more
+    run_poisoned("mma", first, config=cfg, num_splits=3)
+    assert not mma.counters(first.q, 8).any()
+    second = decode_case(gen, b=2, h=4, d_qk=80, d_v=64, k=100, n=300, half_rows=(1,))
+    a = run_poisoned("mma", second, config=cfg, num_splits=3)
+    b = run_poisoned("mma", second, config=cfg, num_splits=3)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    verdict = compare(*a, *float64_reference(second))
+    assert verdict.ok, verdict
+
+
 @pytest.mark.parametrize("backend", ["torch", "simt", "mma"])
 def test_rows_with_no_valid_index_give_zeros_and_no_nan(backend: str) -> None:
     gen = torch.Generator().manual_seed(11)
@@ -101,15 +141,17 @@ def test_rows_with_no_valid_index_give_zeros_and_no_nan(backend: str) -> None:
     assert torch.isfinite(out).all() and torch.isfinite(lse[1]).all()
 
 
-@pytest.mark.parametrize("backend", ["simt", "mma"])
+@pytest.mark.parametrize("backend", ["simt", "mma", "mma-persistent"])
 def test_one_dominant_logit_in_the_last_split(backend: str) -> None:
+    kw = {"config": MMA_VARIANTS["persistent"]} if backend == "mma-persistent" else {}
+    backend = backend.split("-")[0]
     gen = torch.Generator().manual_seed(5)
     case = decode_case(gen, b=2, h=4, d_qk=80, d_v=64, k=130, n=400, sm_scale=0.1352)
     # Make the last index of each row align with head 0's query: its logit dwarfs the rest, so every other
     # split's partial must be rescaled to almost nothing in the merge.
     for r in range(2):
         case.kv[case.indices[r, -1]] = (case.q[r, 0].float() * 3).to(case.kv.dtype)
-    out, lse = run_poisoned(backend, case, num_splits=4)
+    out, lse = run_poisoned(backend, case, num_splits=4, **kw)
     ref_out, ref_lse = float64_reference(case)
     assert (ref_lse[:, 0] - ref_lse[:, 1:].amax(dim=1)).min() > 20  # the logit really dominates
     verdict = compare(out, lse, ref_out, ref_lse)
@@ -265,6 +307,38 @@ def test_gpu_cuda_graph_replay_follows_new_inputs(backend: str) -> None:
     torch.cuda.synchronize()
     verdict = compare(out, lse, *float64_reference(fresh))
     assert verdict.ok, verdict
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("b", [4, 32])
+@pytest.mark.parametrize("variant", list(PERSISTENT))
+def test_gpu_persistent_graph_replays_twice(variant: str, b: int) -> None:
+    # Two replays of one captured call on two input sets: each must be right, so the tickets reset themselves.
+    cfg = PERSISTENT[variant]
+    gen = torch.Generator(device="cuda").manual_seed(seed("replay", variant, b))
+    shape = dict(b=b, h=16, d_qk=576, d_v=512, k=2048, n=100_000)
+    static = decode_case(gen, sm_scale=0.1352, **shape)
+    call = lambda: mma.decode(static.q, static.kv, static.indices, static.sm_scale, 512, config=cfg)  # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call()
+    for trial in range(2):
+        fresh = decode_case(gen, half_rows=(0,), invalid_rows=(3,), sm_scale=0.1352, **shape)
+        static.q.copy_(fresh.q)
+        static.kv.copy_(fresh.kv)
+        static.indices.copy_(fresh.indices)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        verdict = compare(out, lse, *float64_reference(fresh))
+        assert verdict.ok, (trial, verdict)
+    assert not mma.counters(static.q, b).any()
 
 
 @pytest.mark.gpu

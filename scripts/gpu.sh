@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the H200 machine: install the carried wheels, then run the GPU checks and benchmarks.
-# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [tune] [refserver] [train]
+# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [tune] [refserver] [train] [loop] [profile]
 # Results go under $OUT (or ./gpu-out when OUT is unset). Carry `.whl` with the call.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -42,7 +42,20 @@ for s in "${sections[@]}"; do
     refserver) timeout 540 python3 -m campaign.refserver.gpucheck --json "$OUT/refserver-gpu.json" \
                  --budget-s "${REFSERVER_BUDGET_S:-400}" >"$OUT/refserver-gpu.log" 2>&1 || rc=1
                grep -v '^\[' "$OUT/refserver-gpu.log" | tail -40 ;;
-    *) echo "unknown section: $s (kernels, tune, refserver, train)"; rc=2 ;;
+    # loop: the campaign itself on this GPU (local host, configs/h200-local.yaml): every variant smoke-tested and
+    # benchmarked, one real failure diagnosed, isolated and restored. The run store stays under /tmp (it nests
+    # deeper than $OUT can return); the JSON report and `campaign show` come back. Exit 1 = a variant failed as planned.
+    loop)      timeout 400 python3 -m campaign.cli --runs-dir /tmp/campaign-runs run configs/h200-local.yaml --json \
+                 >"$OUT/loop.json" 2>"$OUT/loop.err"; code=$?
+               echo "campaign run exit $code"; [ "$code" -le 1 ] || rc=1
+               python3 -m campaign.cli --runs-dir /tmp/campaign-runs show last >"$OUT/loop-show.txt" 2>&1
+               tail -5 "$OUT/loop.err"; head -60 "$OUT/loop-show.txt" ;;
+    # profile: Nsight Compute on one steady call of the H=16, B=32 MMA split kernel (when ncu is installed).
+    profile)   ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+               if [ -z "$ncu_bin" ]; then echo "no ncu on this machine" | tee "$OUT/ncu.txt"
+               else timeout 150 "$ncu_bin" --kernel-name regex:_mma_decode_kernel --launch-skip 3 --launch-count 1 \
+                      --set full python3 scripts/ncu_mma.py >"$OUT/ncu.txt" 2>&1 || rc=1; tail -150 "$OUT/ncu.txt"; fi ;;
+    *) echo "unknown section: $s (kernels, tune, refserver, train, loop, profile)"; rc=2 ;;
   esac
 done
 exit $rc

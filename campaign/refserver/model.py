@@ -24,6 +24,21 @@ from torch import nn
 
 from campaign.refserver.tokenizer import VOCAB_SIZE
 
+
+# The KV write as an op that says it mutates the pool. Written as `pool[layer].index_copy_(...)` inside the compiled
+# decode step, functionalization turned it into an out-of-place copy of the whole layer slice: on the H200, with the
+# pool sized by the default memory fraction, that was a 30.6 GiB temporary and torch.compile variants died of OOM
+# (campaign diagnosed it; see docs/gpu.md). A custom op with `mutates_args` is re-inplaced by Inductor.
+@torch.library.custom_op("refserver::write_kv", mutates_args=("pool",))
+def write_kv(pool: torch.Tensor, layer: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
+    """Write ``kv [n, d_qk]`` to ``pool[layer, slots]`` in place."""
+    pool[layer].index_copy_(0, slots, kv.to(pool.dtype))
+
+
+@write_kv.register_fake
+def _write_kv_fake(pool: torch.Tensor, layer: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
+    return None
+
 MODEL_ID = "campaign-arith-mla"
 
 
@@ -167,7 +182,7 @@ class ArithModel(nn.Module):
         for layer, block in enumerate(self.blocks):
             q, kv = block.attn.project(block.attn_norm(x), positions)
             if pool is not None and slots is not None:
-                pool[layer].index_copy_(0, slots.reshape(-1), kv.reshape(b * t, -1).to(pool.dtype))
+                write_kv(pool, layer, slots.reshape(-1), kv.reshape(b * t, -1))
             x = x + block.attn.wo(block.attn.causal(q, kv))
             x = x + block.mlp(x)
         logits: torch.Tensor = self.head(self.norm(x))
@@ -194,7 +209,7 @@ class ArithModel(nn.Module):
         x = self.embed(tokens)
         for layer, block in enumerate(self.blocks):
             q, kv = block.attn.project(block.attn_norm(x), positions)
-            pool[layer].index_copy_(0, out_slots, kv.to(pool.dtype))
+            write_kv(pool, layer, out_slots, kv)
             out, _lse = sparse_mla_decode(
                 q.to(pool.dtype), pool[layer], indices, cfg.sm_scale, backend, d_v=cfg.d_latent
             )

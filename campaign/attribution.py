@@ -8,6 +8,10 @@ from the attempts of a run (roles ``variant`` and ``isolation`` only; a restore 
   nor rule it out.
 * An explanation is a conjunction of knob assignments that every positive has and no negative has. The smallest such
   conjunctions are searched (one knob, then pairs, then triples).
+* When no single conjunction fits (one kind, several causes: say an OOM from torch.compile's workspace and another
+  from a starved memory fraction), the failures are covered greedily by the fewest conjunctions that each hold in no
+  pass; the finding names them, with the attempts each covers, but stays ``not_enough_evidence``: a cover is a
+  hypothesis, not a controlled comparison.
 * It is ``explained`` when exactly one smallest conjunction exists and every other knob that varied in the run was seen
   with at least two values among the positives (so the failure is shown independent of it). Otherwise it is
   ``not_enough_evidence`` and ``settle_with`` lists the knob assignments whose runs would decide.
@@ -143,6 +147,34 @@ def _explanations(
     return []
 
 
+def _cover(
+    positives: Sequence[tuple[int, Mapping[str, KnobValue]]],
+    negatives: Sequence[Mapping[str, KnobValue]],
+    varying: Sequence[str],
+) -> list[tuple[dict[str, KnobValue], list[int]]]:
+    """The fewest smallest conjunctions, each held by no negative, that together cover every positive (or [])."""
+    left = list(positives)
+    causes: list[tuple[dict[str, KnobValue], list[int]]] = []
+    while left and len(causes) < _MAX_CONJUNCTION:
+        best: tuple[dict[str, KnobValue], list[int]] | None = None
+        for size in range(1, _MAX_CONJUNCTION + 1):
+            for _, knobs in left:
+                for combo in itertools.combinations([k for k in varying if k in knobs], size):
+                    conj = {k: knobs[k] for k in combo}
+                    if any(_satisfies(n, conj) for n in negatives):
+                        continue
+                    covered = [i for i, kn in left if _satisfies(kn, conj)]
+                    if best is None or len(covered) > len(best[1]):
+                        best = (conj, covered)
+            if best is not None:
+                break  # the smallest size that covers anything
+        if best is None:
+            return []  # some failure looks exactly like a pass: flaky, not a knob
+        causes.append(best)
+        left = [(i, kn) for i, kn in left if i not in best[1]]
+    return causes if not left else []
+
+
 def _flip(value: KnobValue, seen: Sequence[KnobValue], baseline: KnobValue | None) -> KnobValue | None:
     """Another value for a knob: the baseline's when it differs, else the opposite boolean, else any other seen."""
     if baseline is not None and baseline != value:
@@ -212,6 +244,21 @@ def _finding_for(
 
     explanations = _explanations(positives, negatives, varying)
     if not explanations:
+        causes = _cover(pos, negatives, varying)
+        if len(causes) > 1:
+            parts = "; ".join(
+                f"{_assignment(c)} (attempt{'s' if len(ix) > 1 else ''} {', '.join(map(str, ix))})" for c, ix in causes
+            )
+            return Finding(
+                kind=kind,
+                status="not_enough_evidence",
+                candidates=[c for c, _ in causes],
+                statement=f"{kind}: more than one cause fits, each seen in no passing run: {parts}",
+                evidence=failed_ix + passed_ix,
+                failed=failed_ix,
+                passed=passed_ix,
+                settle_with=[],
+            )
         return Finding(
             kind=kind,
             status="not_enough_evidence",

@@ -113,6 +113,26 @@ def test_a_flaky_failure_is_not_pinned_on_a_knob() -> None:
     assert "no knob assignment separates" in finding.statement
 
 
+def test_one_kind_with_two_causes_names_both() -> None:
+    # As on the H200: torch.compile's workspace and a starved memory fraction both end in gpu_oom.
+    base: dict[str, KnobValue] = {"attention": "simt", "torch_compile": False, "cuda_graph": True}
+    attempts = [
+        _attempt(0, base, None),
+        _attempt(1, {**base, "torch_compile": True}, "gpu_oom"),
+        _attempt(2, {**base, "attention": "mma"}, None),
+        _attempt(3, {**base, "attention": "mma", "torch_compile": True}, "gpu_oom"),
+        _attempt(4, {**base, "attention": "mma", "mem_fraction": 0.001}, "gpu_oom"),
+        _attempt(5, {**base, "mem_fraction": 0.001}, "gpu_oom", role="isolation"),
+    ]
+    (finding,) = attribute(attempts, base)
+    assert finding.status == "not_enough_evidence" and finding.cause == {}
+    assert finding.candidates == [{"torch_compile": True}, {"mem_fraction": 0.001}]
+    assert finding.statement == (
+        "gpu_oom: more than one cause fits, each seen in no passing run: "
+        "torch_compile=on (attempts 1, 3); mem_fraction=0.001 (attempts 4, 5)"
+    )
+
+
 def test_only_variant_and_isolation_attempts_count_and_each_kind_gets_a_finding() -> None:
     on: dict[str, KnobValue] = {"attention": "simt", "torch_compile": False, "cuda_graph": True}
     off: dict[str, KnobValue] = {**on, "cuda_graph": False}

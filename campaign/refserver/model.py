@@ -39,6 +39,7 @@ def write_kv(pool: torch.Tensor, layer: int, slots: torch.Tensor, kv: torch.Tens
 def _write_kv_fake(pool: torch.Tensor, layer: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
     return None
 
+
 MODEL_ID = "campaign-arith-mla"
 
 

@@ -5,7 +5,8 @@ the thin edge that reads a log from disk. How a log is judged, in order:
 
 1. Readiness. A log that shows the server ready (SGLang's ready line, served requests, or, for servers that are not
    SGLang-shaped, the HTTP server start) is ``healthy`` unless something after that point shows the process dying or an
-   exit status says it died. A failed smoke test on a healthy log is ``wrong_output``.
+   exit status says it died. A failed smoke test on a healthy log is ``wrong_output``; a healthy server that failed
+   a bench gate (the loop's phase ``gates``) is ``below_gate``: slower than the gate allows, not broken.
 2. Root-cause rules, first match wins, in the order of ``signatures.yaml``: the order says which message is the cause
    and which is the messenger ("Capture cuda graph failed: <OOM>" is an OOM; "Killed" after an earlier error is that
    error). Warning- and info-level lines are not causes unless a rule says so.
@@ -52,6 +53,7 @@ KINDS = (
     "startup_timeout",
     "bad_args",
     "wrong_output",
+    "below_gate",
     "healthy",
     "unknown",
 )
@@ -493,6 +495,8 @@ def diagnose(
 
     evidence = [ready] if ready else []
     where = f"ready at line {ready.number}" if ready else "the loop saw it ready"
+    if phase == "gates":
+        return _diagnosis(ctx, "below_gate", 0.9, evidence, f"{where}; it answered right but missed a bench gate")
     if phase in _AFTER_READY_PHASES and phase != "smoke":
         where += f"; the server log shows no failure, the attempt failed in phase {phase!r}"
     return _diagnosis(ctx, "healthy", 0.9, evidence, where)

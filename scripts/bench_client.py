@@ -32,16 +32,36 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from campaign.bench import BenchEvent, BenchSettings, run_bench  # noqa: E402
+from campaign.bench import BenchEvent, BenchSettings, LevelResult, run_bench  # noqa: E402
 from tests.fixtures.sse_server import ScheduledServer  # noqa: E402
 
 
-def _server_stats(url: str, reset: bool = False) -> dict[str, Any]:
+def server_stats(url: str, reset: bool = False) -> dict[str, Any]:
+    """The endpoint's /stats (its own lateness); with ``reset``, zero them instead."""
     if reset:
         httpx.post(url + "/stats/reset")
         return {}
     stats: dict[str, Any] = httpx.get(url + "/stats").json()
     return stats
+
+
+def measured_level(url: str, settings: BenchSettings, model: str) -> tuple[LevelResult, float, float, dict[str, Any]]:
+    """Run one level; returns it with the client's CPU and wall seconds and the endpoint's /stats of its measured part.
+
+    The warm-up (one request per stream) opens every connection the level uses; the progress events tell when the
+    measured part begins, so the endpoint's counters and the CPU clock start there.
+    """
+    marks: dict[str, float] = {}
+
+    def progress(ev: BenchEvent) -> None:
+        if ev.kind == "repeat":
+            server_stats(url, reset=True)
+            marks["cpu"], marks["wall"] = time.process_time(), time.perf_counter()
+        elif ev.kind == "level_end":
+            marks["cpu"], marks["wall"] = time.process_time() - marks["cpu"], time.perf_counter() - marks["wall"]
+
+    result = run_bench(url, settings, model=model, progress=progress)
+    return result.levels[0], marks["cpu"], marks["wall"], server_stats(url)
 
 
 def concurrency_level(
@@ -57,21 +77,7 @@ def concurrency_level(
         timeout_s=120,
         ramp_s=ramp_s,
     )
-    # The warm-up (one request per stream) opens every connection the level uses; the progress events tell
-    # when the measured part begins, so the server's counters and the CPU clock start there.
-    marks: dict[str, float] = {}
-
-    def progress(ev: BenchEvent) -> None:
-        if ev.kind == "repeat":
-            _server_stats(url, reset=True)
-            marks["cpu"], marks["wall"] = time.process_time(), time.perf_counter()
-        elif ev.kind == "level_end":
-            marks["cpu"], marks["wall"] = time.process_time() - marks["cpu"], time.perf_counter() - marks["wall"]
-
-    result = run_bench(url, settings, model="scheduled", progress=progress)
-    cpu, wall = marks["cpu"], marks["wall"]
-    srv = _server_stats(url)
-    lv = result.levels[0]
+    lv, cpu, wall, srv = measured_level(url, settings, "scheduled")
     chunks = lv.output_tokens + 4 * lv.successful  # content chunks + role, finish, usage and [DONE] events
     return {
         "concurrency": c,

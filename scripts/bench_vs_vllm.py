@@ -32,7 +32,9 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from campaign.bench import _WORDS, BenchEvent, BenchSettings, run_bench  # noqa: E402
+from bench_client import measured_level, server_stats  # noqa: E402  (this folder is sys.path[0] when run as a script)
+
+from campaign.bench import _WORDS, BenchSettings  # noqa: E402
 from tests.fixtures.sse_server import MODEL_ID, ScheduledServer  # noqa: E402
 
 #: SSE events the endpoint sends per request besides the content tokens: role, finish, usage and [DONE].
@@ -79,14 +81,6 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _server_stats(url: str, reset: bool = False) -> dict[str, Any]:
-    if reset:
-        httpx.post(url + "/stats/reset")
-        return {}
-    stats: dict[str, Any] = httpx.get(url + "/stats").json()
-    return stats
-
-
 def _schedule(args: argparse.Namespace) -> dict[str, float]:
     return {
         "ttft_ms": args.ttft_ms,
@@ -118,19 +112,8 @@ def run_ours(url: str, c: int, n: int, args: argparse.Namespace) -> dict[str, An
         timeout_s=120,
         max_error_rate=0.0,
     )
-    # The warm-up opens every connection the level uses; the progress events tell when the measured part begins,
-    # so the server's counters and the CPU clock start there, as they do for vLLM below.
-    marks: dict[str, float] = {}
-
-    def progress(ev: BenchEvent) -> None:
-        if ev.kind == "repeat":
-            _server_stats(url, reset=True)
-            marks["cpu"], marks["wall"] = time.process_time(), time.perf_counter()
-        elif ev.kind == "level_end":
-            marks["cpu"], marks["wall"] = time.process_time() - marks["cpu"], time.perf_counter() - marks["wall"]
-
-    lv = run_bench(url, settings, model=MODEL_ID, progress=progress).levels[0]
-    srv = _server_stats(url)
+    # Clocks and the endpoint's counters cover the measured part only, as they do for vLLM below.
+    lv, cpu, wall, srv = measured_level(url, settings, MODEL_ID)
     events = lv.output_tokens + EXTRA_EVENTS * lv.successful
 
     def pick(s: Any) -> dict[str, Any]:
@@ -149,10 +132,10 @@ def run_ours(url: str, c: int, n: int, args: argparse.Namespace) -> dict[str, An
         "e2e": pick(lv.e2e),
         "output_tokens_per_s": lv.output_throughput,
         "requests_per_s": lv.request_throughput,
-        "client_cpu_s": marks["cpu"],
-        "client_wall_s": marks["wall"],
-        "client_cpu_share": marks["cpu"] / marks["wall"],
-        "client_cpu_us_per_event": 1e6 * marks["cpu"] / events if events else None,
+        "client_cpu_s": cpu,
+        "client_wall_s": wall,
+        "client_cpu_share": cpu / wall,
+        "client_cpu_us_per_event": 1e6 * cpu / events if events else None,
         "cpu_measured_over": "process_time() of this process, from the first measured request to the level's end",
         "server_first_token_late_ms": srv["first_token_late"],
         "server_chunk_late_ms": srv["chunk_late"],
@@ -223,7 +206,7 @@ def run_vllm(
     for line in proc.stdout:
         log.append(line)
         if line.startswith("Starting main benchmark run"):
-            _server_stats(url, reset=True)
+            server_stats(url, reset=True)
             marks["cpu0"], marks["wall0"] = _proc_cpu_s(proc.pid), time.perf_counter()
         elif "Serving Benchmark Result" in line and "cpu0" in marks:
             marks["cpu"] = _proc_cpu_s(proc.pid) - marks["cpu0"]
@@ -235,7 +218,7 @@ def run_vllm(
     if rc != 0 or not path.exists() or "cpu" not in marks:
         tail = "".join(log[-30:])
         raise RuntimeError(f"vllm bench serve failed (exit {rc}) at c={c}:\n{tail}")
-    srv = _server_stats(url)
+    srv = server_stats(url)
     d: dict[str, Any] = json.loads(path.read_text())
 
     def pick(metric: str) -> dict[str, Any]:

@@ -3,14 +3,17 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+EXTRAS ?= server,dev,plot,hf
 
-.PHONY: setup demo test lint typecheck unit sshd-deps train-model gpu clean
+.PHONY: setup demo test lint typecheck unit sshd-deps slurm-deps train-model train-longctx longctx-wide gpu clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch is pinned in the extra (CPU build from local disk here); never a bare `torch`.
-	$(BIN)/pip install -q -e '.[server,dev,plot]'
+	# EXTRAS picks what to install: `make setup EXTRAS=dev` is the orchestrator alone (no torch); the default adds the
+	# reference server (torch, and triton on Linux), plots, and `transformers serve` (the transformers recipe's tests).
+	# The server extra takes torch from the configured index: a CPU-only torch installed first is kept.
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -20,15 +23,22 @@ setup: $(STAMP)
 demo: setup
 	@$(BIN)/campaign run quickstart; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 1 ] || exit $$rc
 
+# apt_install: install Debian packages quietly, through sudo unless we are root.
+apt_install = if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null; \
+  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null; fi
+
 ## sshd-deps: the SSH tests start a real OpenSSH sshd on 127.0.0.1; install it where it is missing.
 sshd-deps:
-	@test -x /usr/sbin/sshd || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null; \
-	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null; fi; }
+	@test -x /usr/sbin/sshd || { $(call apt_install,openssh-server openssh-client); }
+
+## slurm-deps: the Slurm tests start a real single-node Slurm (munge, slurmctld, slurmd); install it where it is missing.
+slurm-deps:
+	@{ test -x /usr/sbin/slurmctld && test -x /usr/sbin/slurmd && test -x /usr/sbin/munged && command -v sbatch >/dev/null; } \
+	  || { $(call apt_install,slurm-wlm munge); }
 
 lint: setup
-	$(BIN)/ruff check campaign kernels tests scripts
-	$(BIN)/ruff format --check campaign kernels tests scripts
+	$(BIN)/ruff check campaign mla_kernels tests scripts
+	$(BIN)/ruff format --check campaign mla_kernels tests scripts
 
 typecheck: setup
 	$(BIN)/mypy
@@ -36,11 +46,31 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest -q
 
-test: setup sshd-deps lint typecheck unit
+test: setup sshd-deps slurm-deps lint typecheck unit
 
 ## train-model: reproduce the reference server's weights (fast on a GPU; hours on two CPU cores).
 train-model: setup
 	$(BIN)/python -m campaign.refserver.train --out campaign/refserver/weights/arith.safetensors
+
+## train-longctx: the long-context model, fine-tuned from arith.safetensors in three runs of under 20 minutes each on
+## two shared CPU cores (one torch thread: two threads on a busy two-core machine ran 5x slower), each starting from
+## the one before: filler before each question, then a lightning indexer taught to rank the question above the
+## filler. The committed file and its log (weights/longctx.train.log) come from exactly these commands.
+LONGCTX_TRAIN = OMP_NUM_THREADS=1 nice $(BIN)/python -m campaign.refserver.train --filler-max 160 --index-heads 4 \
+  --index-dim 16 --batch-size 32
+train-longctx: setup
+	$(LONGCTX_TRAIN) --init campaign/refserver/weights/arith.safetensors --out /tmp/longctx-1.safetensors \
+	  --steps 500 --time-limit 1000 --eval-every 100 --eval-questions 128 --lr 2e-3 --seed 0
+	$(LONGCTX_TRAIN) --init /tmp/longctx-1.safetensors --out /tmp/longctx-2.safetensors \
+	  --steps 300 --time-limit 1150 --eval-every 50 --eval-questions 128 --lr 1.5e-3 --seed 1
+	$(LONGCTX_TRAIN) --init /tmp/longctx-2.safetensors --out campaign/refserver/weights/longctx.safetensors \
+	  --index-target question --steps 700 --time-limit 780 --eval-every 100 --eval-questions 256 --lr 1e-3 --seed 2
+
+## longctx-wide: the long-context model at DeepSeek's MLA widths (16 heads, latent 512 + rope 64, indexer 64 x 128),
+## widened exactly from longctx.safetensors (seconds; 85 MB, so made where it is used rather than committed).
+longctx-wide: setup
+	$(BIN)/python -m campaign.refserver.widening --model-path campaign/refserver/weights/longctx.safetensors \
+	  --out campaign/refserver/weights/longctx-wide.safetensors
 
 ## gpu: what scripts/gpu.sh runs on the H200 machine (see docs/gpu.md).
 gpu:

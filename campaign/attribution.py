@@ -24,48 +24,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Literal
 
-from pydantic import BaseModel, Field
-
-from campaign.records import Attempt, KnobValue
+from campaign.records import Attempt, Finding, KnobValue, show_value
 
 _ROLES = ("variant", "isolation")
 #: Knobs that change where a server listens, not what it runs: never a cause, never worth an isolation run.
 NUISANCE_KNOBS = frozenset({"port"})
 _MAX_CONJUNCTION = 3
-
-
-class Finding(BaseModel):
-    """What the attempts say about one failure kind: the knobs that explain it, or the runs that would."""
-
-    kind: str
-    status: Literal["explained", "not_enough_evidence"]
-    #: The knob assignment (one knob, or an interaction of several) present in every failure and in no pass.
-    cause: dict[str, KnobValue] = Field(default_factory=dict)
-    #: When not settled: every assignment that fits the evidence so far.
-    candidates: list[dict[str, KnobValue]] = Field(default_factory=list)
-    #: Knobs the failure does not depend on, with the values it was seen failing with.
-    independent_of: dict[str, list[KnobValue]] = Field(default_factory=dict)
-    #: One line for a person, e.g. "stream_capture_isolation iff torch_compile=on and cuda_graph=on; ...".
-    statement: str
-    #: Attempt indexes the conclusion rests on: the failures and the passes compared with them.
-    evidence: list[int] = Field(default_factory=list)
-    failed: list[int] = Field(default_factory=list)
-    passed: list[int] = Field(default_factory=list)
-    #: Knob assignments whose runs would settle a ``not_enough_evidence`` finding.
-    settle_with: list[dict[str, KnobValue]] = Field(default_factory=list)
-
-
-def show_value(value: KnobValue) -> str:
-    """A knob value as a person reads it: booleans as on/off."""
-    if value is True:
-        return "on"
-    if value is False:
-        return "off"
-    if value is None:
-        return "unset"
-    return str(value)
 
 
 def _assignment(knobs: Mapping[str, KnobValue]) -> str:

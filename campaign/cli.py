@@ -1,54 +1,129 @@
-"""The command line: each command parses, makes one core call, and hands the value to the console.
+# Over 500 lines: one typer declaration per command (options, help texts); each body is a single call.
+"""The command line: each command parses, makes one call to ``campaign.operations``, and hands the value to the console.
 
-Exit codes: 0 all good; 1 some variant failed and the box was restored; 2 bad usage or config; 3 the box could not
-be restored (or was left dirty). Errors print one line and a hint; tracebacks only with --debug (never with locals).
+Exit codes (``campaign.outcome``, docs/reliability.md): 0 all good; 1 some variant failed and the box was restored; 2
+bad usage or config, or the host locked by another campaign; 3 the box could not be restored (or was left dirty or
+unproven); 70 a bug of ours; 128+N a signal N interrupted it (130 SIGINT, 143 SIGTERM, 129 SIGHUP). A usage error
+(unknown command or option, a missing argument, a bad value) prints the usage line and "Try 'campaign ... --help'";
+any other error prints one line and a hint (and, under --json, a JSON document on stdout); tracebacks only with
+--debug (never with locals). ``--json`` documents are records' JSON.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-import time
+import traceback
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import TypeAdapter
+from typer.core import TyperGroup
 
+from campaign import __version__
 from campaign.console import Output
-from campaign.errors import CampaignError, StoreError, UsageError
+from campaign.errors import CampaignError
+from campaign.interruption import Interrupted
+
+
+class _Group(TyperGroup):
+    """The root command: maps what a command raises to a message and an exit code (see the module docstring)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CampaignError as e:
+            if _debug(ctx):
+                traceback.print_exc()
+            from campaign.console.run import render_error
+
+            render_error(Output().err, e.message, e.hint)
+            if "--json" in sys.argv[1:]:
+                from campaign.outcome import error_doc
+
+                sys.stdout.write(json.dumps(error_doc(e), indent=2) + "\n")
+            raise typer.Exit(e.exit_code) from None
+        except Interrupted as e:
+            sys.stderr.write(f"{e.name}: interrupted before anything was done\n")
+            raise typer.Exit(e.exit_code) from None
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise
+        except KeyboardInterrupt:
+            sys.stderr.write("interrupted\n")
+            raise typer.Exit(130) from None
+        except Exception as e:  # a bug of ours: say so plainly; the traceback (never with locals) only under --debug
+            if _debug(ctx):
+                traceback.print_exc()
+            else:
+                sys.stderr.write(f"internal error: {type(e).__name__}: {e}\n(run with --debug for the traceback)\n")
+            raise typer.Exit(70) from None
+
+
+def _debug(ctx: Any) -> bool:
+    return bool(ctx.params.get("debug"))
+
 
 app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
+    cls=_Group,
+    no_args_is_help=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["--help", "-h"]},
     help="Run inference-optimization campaigns: launch server variants, prove them, diagnose failures, restore.",
 )
 
-_state: dict[str, Any] = {"debug": False, "runs": Path("runs")}
-
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout (prose goes to stderr).")]
 ConfigArg = Annotated[str, typer.Argument(help="An experiment: a name in configs/ or a path to a YAML file.")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config value: key.path=value (repeat).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Break the host's lock held by another campaign (recorded).")]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="A run id, a unique prefix, or `last`.")]
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"campaign {__version__}\n")
+        raise typer.Exit(0)
 
 
 @app.callback()
 def _main(
+    ctx: typer.Context,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks (without local variables).")] = False,
-    runs_dir: Annotated[Path, typer.Option("--runs-dir", envvar="CAMPAIGN_RUNS", help="The run store folder.")] = Path(
-        "runs"
-    ),
+    runs_dir: Annotated[
+        Path,
+        typer.Option("--runs-dir", envvar="CAMPAIGN_RUNS", file_okay=False, help="The run store folder."),
+    ] = Path("runs"),
+    version: Annotated[
+        bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
-    _state["debug"] = debug
-    _state["runs"] = runs_dir
+    from campaign.operations import Operations
+
+    ctx.obj = Operations(runs=runs_dir)
 
 
-def _store() -> Any:
-    from campaign.store import Store
+def _ops(ctx: typer.Context) -> Any:
+    """The ``Operations`` the root callback made (typed ``Any`` here so the import stays lazy: --help stays fast)."""
+    return ctx.find_root().obj
 
-    return Store(_state["runs"])
 
+def _finish(ctx: typer.Context, out: Output, report: Any) -> None:
+    """Print a run's report (its summary as JSON, or tables) and exit with the code its status means."""
+    from campaign.console.run import render_report
+    from campaign.operations import exit_code
+    from campaign.records import RunSummary
 
-def _exit_for(status: str) -> int:
-    return {"passed": 0, "failed": 1, "restore_failed": 3}.get(status, 3)
+    code = exit_code(report)
+    runs = str(_ops(ctx).runs)
+    if out.json:
+        out.print_json(RunSummary.of(report, code, runs).model_dump_json(indent=2))
+    else:
+        render_report(out.out, report)
+        out.err.print(f"report: {runs}/{report.run_id}/report.json")
+    if report.status == "interrupted":
+        out.err.print(f"{report.signal or 'interrupted'}: {report.final.detail}", markup=False, highlight=False)
+    raise typer.Exit(code)
 
 
 # -- run --------------------------------------------------------------------------------------------------------------
@@ -56,13 +131,15 @@ def _exit_for(status: str) -> int:
 
 @app.command()
 def run(
+    ctx: typer.Context,
     config: ConfigArg,
+    run_ref: Annotated[
+        str | None, typer.Argument(metavar="[RUN]", help="With --resume: the run to continue (id, prefix, `last`).")
+    ] = None,
     variant: Annotated[
         list[str] | None, typer.Option("--variant", "-v", help="Run only this variant (repeat).")
     ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a config value: key.path=value (repeat).")
-    ] = None,
+    set_: SetOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and touch nothing.")] = False,
     isolate: Annotated[
         bool | None, typer.Option("--isolate/--no-isolate", help="Localise a failure by toggling knobs back.")
@@ -70,235 +147,97 @@ def run(
     accept_new_host_key: Annotated[
         bool, typer.Option("--accept-new-host-key", help="Trust and record an SSH host key seen for the first time.")
     ] = False,
+    force: ForceOpt = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue a stopped or failed run of this experiment (RUN, default: its last): finished attempts "
+            "kept, the variants left run, one report.",
+        ),
+    ] = False,
+    retry_known: Annotated[
+        bool, typer.Option("--retry-known", help="Run variants a stored run saw fail the same way (not skipped).")
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Run an experiment: every variant stopped, launched, proven or diagnosed, and the box restored."""
-    from campaign import config as cfg
+    from campaign.console.run import RunDisplay, render_plan
 
     out = Output(json=json_out)
-    loaded = cfg.load(config, set_ or [])
-    exp = loaded.experiment
-    planned = cfg.plan(exp, loaded.recipe, tuple(variant or ()))
-    use_isolate = exp.isolate if isolate is None else isolate
-    host_label = exp.host.kind if exp.host.kind == "local" else f"ssh {exp.host.host}"
+    if run_ref is not None and not resume:
+        raise typer.BadParameter(f"a run ({run_ref}) is given only with --resume", param_hint="RUN")
     if dry_run:
-        store = _store()
-        from campaign.console.run import render_plan
-
-        known = None
-        if exp.host.kind == "local":
-            known = store.known_good("local")
+        plan = _ops(ctx).plan(config, set_ or [], variant or [], isolate, accept_new_host_key=accept_new_host_key)
+        for note in plan.notes:
+            out.err.print(note)
         if json_out:
-            plan = {
-                "experiment": exp.name,
-                "host": host_label,
-                "recipe": loaded.recipe.name,
-                "variants": [
-                    {
-                        "name": p.name,
-                        "knobs": p.knobs,
-                        "command": p.spec.command,
-                        "shell": cfg.shell_line(p.spec),
-                        "env": cfg.masked_env(p.spec.env),
-                        "port": p.spec.port,
-                        "spec_hash": p.spec.spec_hash(),
-                    }
-                    for p in planned
-                ],
-                "matrix": exp.matrix.model_dump() if exp.matrix else None,
-                "isolate": use_isolate,
-                "on_failure": "diagnose, stop, relaunch the known-good and prove it (readiness + smoke)",
-                "known_good": known.variant if known else None,
-                "at_end": exp.at_end,
-            }
-            out.print_json(json.dumps(plan, indent=2))
-            return
-        render_plan(
-            out.out,
-            experiment=exp.name,
-            host=host_label,
-            recipe=loaded.recipe.name,
-            planned=planned,
-            known_good=known,
-            isolate=use_isolate,
-            matrix=exp.matrix.model_dump() if exp.matrix else None,
-            ready_s=exp.timeouts.ready_s,
-            at_end=exp.at_end,
-        )
-        return
-
-    from campaign.campaign import Campaign
-    from campaign.console.run import RunDisplay
-    from campaign.hosts import open_host
-
-    host = open_host(exp.host, accept_new_host_key=accept_new_host_key)
-    try:
-        camp = Campaign(loaded, host, _store(), only=tuple(variant or ()), isolate=isolate)
-        display = RunDisplay(out.err, live=out.interactive)
-        camp.emit = display
-        if camp.bench_settings is not None:
-            from campaign.console.bench import bench_progress
-
-            with display.session(), bench_progress(out.err) as bar:
-                display._bench = bar
-                report = camp.run()
+            out.print_json(plan.document().model_dump_json(indent=2))
         else:
-            with display.session():
-                report = camp.run()
-    finally:
-        host.close()
-    _finish(out, report)
-
-
-def _finish(out: Output, report: Any) -> None:
-    """Print a run's report (JSON or tables) and exit with the code its status means."""
-    from campaign.console.run import render_report
-
-    code = _exit_for(report.status)
-    if out.json:
-        out.print_json(json.dumps(run_summary(report, code, str(_state["runs"])), indent=2))
-    else:
-        render_report(out.out, report)
-        out.err.print(f"report: {_state['runs']}/{report.run_id}/report.json")
-    raise typer.Exit(code)
-
-
-def run_summary(report: Any, exit_code: int, runs_dir: str) -> dict[str, Any]:
-    """The `campaign run --json` document: the report's essentials in a stable shape."""
-    attempts = []
-    for a in report.attempts:
-        attempts.append(
-            {
-                "index": a.index,
-                "variant": a.variant,
-                "role": a.role,
-                "knobs": a.knobs,
-                "outcome": a.outcome,
-                "failed_phase": a.failed_phase,
-                "diagnosis": (
-                    {
-                        "kind": a.diagnosis.kind,
-                        "evidence": [e.model_dump() for e in a.diagnosis.evidence],
-                        "hint": a.diagnosis.hint,
-                        "confidence": a.diagnosis.confidence,
-                        "fingerprint": a.diagnosis.fingerprint,
-                    }
-                    if a.diagnosis is not None and a.outcome == "failed"
-                    else None
-                ),
-                "timings": a.timings.model_dump(),
-                "smoke": {"passed": a.smoke.passed, "total": a.smoke.total} if a.smoke else None,
-                "restore": a.restore.model_dump() if a.restore else None,
-                "bench": a.bench,
-                "gates": [g.model_dump() for g in a.gates],
-                "spec_hash": a.spec_hash,
-                "log": f"{runs_dir}/{report.run_id}/{a.log_file}" if a.log_file else None,
-            }
+            render_plan(out.out, plan)
+        return
+    display = RunDisplay(out.err, live=out.interactive)
+    with display.session():
+        report = _ops(ctx).run(
+            config,
+            set_ or [],
+            variant or [],
+            isolate,
+            accept_new_host_key=accept_new_host_key,
+            on_event=display,
+            force=force,
+            resume=(run_ref or "last") if resume else None,
+            retry_known=retry_known,
         )
-    outcomes = [r.outcome for r in report.restores]
-    restore = "failed" if "failed" in outcomes else ("restored" if outcomes else "not_needed")
-    return {
-        "run_id": report.run_id,
-        "experiment": report.experiment,
-        "host": report.host,
-        "status": report.status,
-        "exit_code": exit_code,
-        "attempts": attempts,
-        "restore": {"outcome": restore, "restores": [r.model_dump() for r in report.restores]},
-        "final": report.final.model_dump(),
-        "attribution": report.attribution,
-        "report": f"{runs_dir}/{report.run_id}/report.json",
-    }
-
-
-# -- host state -------------------------------------------------------------------------------------------------------
-
-
-def _control(config: str, set_: list[str] | None, accept_new: bool = False) -> tuple[Any, Any, Any]:
-    from campaign import config as cfg
-    from campaign.hosts import open_host
-    from campaign.server import ServerControl
-
-    loaded = cfg.load(config, set_ or [])
-    host = open_host(loaded.experiment.host, accept_new_host_key=accept_new)
-    return loaded, host, ServerControl(host, loaded.experiment.host.workdir)
-
-
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config value: key.path=value.")]
+    _finish(ctx, out, report)
 
 
 @app.command()
-def status(config: ConfigArg, set_: SetOpt = None, json_out: JsonOpt = False) -> None:
+def status(ctx: typer.Context, config: ConfigArg, set_: SetOpt = None, json_out: JsonOpt = False) -> None:
     """What runs on the experiment's host now (spec, PID/PGID, uptime, health) and its known-good."""
-    from campaign.readiness import health_status
+    from campaign.console.run import render_status
 
     out = Output(json=json_out)
-    loaded, host, control = _control(config, set_)
-    try:
-        cur = control.current()
-        running = None
-        health = None
-        if cur is not None:
-            alive = control.alive(cur.pgid)
-            health = health_status(host.url(cur.port), loaded.recipe.health_path) if alive else None
-            running = {**cur.__dict__, "alive": alive, "uptime_s": round(time.time() - cur.started_at, 1)}
-        kg = _store().known_good(host.name)
-        doc = {
-            "host": host.name,
-            "running": running,
-            "health": health,
-            "known_good": (
-                {
-                    "variant": kg.variant,
-                    "spec_hash": kg.spec_hash,
-                    "run_id": kg.run_id,
-                    "attempt": kg.attempt,
-                    "proven_at": kg.proven_at,
-                }
-                if kg
-                else None
-            ),
-        }
-    finally:
-        host.close()
+    states = _ops(ctx).status(config, set_ or [])
     if json_out:
-        out.print_json(json.dumps(doc, indent=2))
+        # One host: its document, as always; a fleet: a list of them, one per host.
+        docs = [json.loads(s.model_dump_json()) for s in states]
+        out.print_json(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
     else:
-        from campaign.console.run import render_status
-
-        render_status(out.out, doc)
+        for state in states:
+            render_status(out.out, state)
 
 
 @app.command()
-def stop(config: ConfigArg, set_: SetOpt = None, json_out: JsonOpt = False) -> None:
+def stop(
+    ctx: typer.Context, config: ConfigArg, set_: SetOpt = None, force: ForceOpt = False, json_out: JsonOpt = False
+) -> None:
     """Stop what campaign runs on the experiment's host (TERM, grace, KILL) and verify the box is clean."""
+    from campaign.console.run import render_stop
+    from campaign.server import StopReport
+
     out = Output(json=json_out)
-    loaded, host, control = _control(config, set_)
-    try:
-        rep = control.stop(None, grace_s=loaded.experiment.timeouts.stop_grace_s)
-    finally:
-        host.close()
+    stops = _ops(ctx).stop(config, set_ or [], force=force)
     if json_out:
-        out.print_json(json.dumps(rep.__dict__))
+        docs = [json.loads(TypeAdapter(StopReport).dump_json(s.report)) for s in stops]
+        out.print_json(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
     else:
-        out.out.print(f"{host.name}: {rep.detail}" + (f" in {rep.seconds:.1f} s" if rep.stopped else ""))
+        for stopped in stops:
+            render_stop(out.out, stopped.host, stopped.report)
 
 
 @app.command()
-def restore(config: ConfigArg, set_: SetOpt = None, json_out: JsonOpt = False) -> None:
+def restore(
+    ctx: typer.Context, config: ConfigArg, set_: SetOpt = None, force: ForceOpt = False, json_out: JsonOpt = False
+) -> None:
     """Relaunch the host's known-good and prove it again (readiness + smoke)."""
-    from campaign.campaign import restore_now
     from campaign.console.run import RunDisplay
 
     out = Output(json=json_out)
-    loaded, host, _ = _control(config, set_)
-    try:
-        display = RunDisplay(out.err, live=out.interactive)
-        with display.session():
-            report = restore_now(loaded, host, _store(), on_event=display)
-    finally:
-        host.close()
-    _finish(out, report)
+    display = RunDisplay(out.err, live=out.interactive)
+    with display.session():
+        report = _ops(ctx).restore(config, set_ or [], on_event=display, force=force)
+    _finish(ctx, out, report)
 
 
 # -- the store --------------------------------------------------------------------------------------------------------
@@ -306,106 +245,75 @@ def restore(config: ConfigArg, set_: SetOpt = None, json_out: JsonOpt = False) -
 
 @app.command()
 def runs(
+    ctx: typer.Context,
     failures: Annotated[bool, typer.Option("--failures", help="Group failures by fingerprint instead.")] = False,
     limit: Annotated[int, typer.Option("--limit", "-n", help="At most this many runs.")] = 30,
     json_out: JsonOpt = False,
 ) -> None:
     """A table of past runs (newest first), or failures grouped by fingerprint."""
+    from campaign.console.run import render_failures, render_runs
+    from campaign.store import FailureGroup, RunRow
+
     out = Output(json=json_out)
-    store = _store()
+    store = _ops(ctx).store
     if failures:
         groups = store.failures()
         if json_out:
-            out.print_json(json.dumps([g.__dict__ for g in groups], indent=2))
+            out.print_json(TypeAdapter(list[FailureGroup]).dump_json(groups, indent=2).decode())
         else:
-            from campaign.console.run import render_failures
-
             render_failures(out.out, groups)
         return
     rows = store.list_runs(limit=limit)
     if json_out:
-        out.print_json(json.dumps([r.__dict__ for r in rows], indent=2))
+        out.print_json(TypeAdapter(list[RunRow]).dump_json(rows, indent=2).decode())
     else:
-        from campaign.console.run import render_runs
-
         render_runs(out.out, rows)
 
 
 @app.command()
-def show(
-    run_ref: Annotated[str, typer.Argument(metavar="RUN", help="A run id, a unique prefix, or `last`.")],
-    json_out: JsonOpt = False,
-) -> None:
-    """One run's report: attempts, diagnoses, restores, attribution, final state."""
+def doctor(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """Rebuild the run index from the run folders' report.json files and prune rows whose folder is gone."""
+    from campaign.console.run import render_healing
+
     out = Output(json=json_out)
-    report = _store().load_report(run_ref)
+    healing = _ops(ctx).doctor()
+    if json_out:
+        out.print_json(json.dumps(healing.__dict__, indent=2))
+    else:
+        render_healing(out.out, healing)
+
+
+@app.command()
+def show(ctx: typer.Context, run_ref: RunArg, json_out: JsonOpt = False) -> None:
+    """One run's report: attempts, diagnoses, restores, attribution, final state."""
+    from campaign.console.run import render_report
+
+    out = Output(json=json_out)
+    report = _ops(ctx).report(run_ref)
     if json_out:
         out.print_json(report.model_dump_json(indent=2))
     else:
-        from campaign.console.run import render_report
-
         render_report(out.out, report)
 
 
 @app.command()
 def logs(
-    run_ref: Annotated[str, typer.Argument(metavar="RUN", help="A run id, a unique prefix, or `last`.")],
+    ctx: typer.Context,
+    run_ref: RunArg,
     attempt: Annotated[int | None, typer.Option("--attempt", "-a", help="Attempt index (default: the last).")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Tail the live log on the host.")] = False,
 ) -> None:
     """A stored attempt's server log; --follow tails the live one on the host."""
-    store = _store()
-    report = store.load_report(run_ref)
-    if not report.attempts:
-        raise UsageError(f"run {report.run_id} has no attempts")
-    if attempt is None:
-        att = report.attempts[-1]
-    else:
-        matches = [a for a in report.attempts if a.index == attempt]
-        if not matches:
-            raise UsageError(
-                f"run {report.run_id} has no attempt {attempt}",
-                hint="attempts: " + ", ".join(f"{a.index} ({a.variant})" for a in report.attempts),
-            )
-        att = matches[0]
+    out = Output()
     if not follow:
-        if att.log_file is None:
-            raise StoreError(
-                f"attempt {att.index} of {report.run_id} has no stored log (it is still running?)",
-                hint="use --follow to tail it on the host",
-            )
-        path = store.root / report.run_id / att.log_file
-        sys.stdout.buffer.write(path.read_bytes())
+        out.write_bytes(_ops(ctx).stored_log(run_ref, attempt))
         return
-    _follow(report, att)
-
-
-def _follow(report: Any, att: Any) -> None:
-    from campaign import config as cfg
-    from campaign.hosts import open_host
-    from campaign.readiness import LogFollower
-    from campaign.server import ServerControl
-
-    resolved = Path(_state["runs"]) / report.run_id / "experiment.yaml"
-    loaded = cfg.load(str(resolved))
-    host = open_host(loaded.experiment.host)
-    try:
-        control = ServerControl(host, loaded.experiment.host.workdir)
-        follower = LogFollower(host, f"{att.remote_dir}/server.log")
-        while True:
-            for _n, line in follower.poll():
-                sys.stdout.write(line + "\n")
-            sys.stdout.flush()
-            pgid = att.pgid
-            if pgid is None or not control.alive(pgid):
-                for _n, line in follower.flush():
-                    sys.stdout.write(line + "\n")
-                break
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        host.close()
+    with contextlib.closing(_ops(ctx).follow_log(run_ref, attempt)) as lines:
+        try:
+            for line in lines:
+                out.write_line(line)
+        except KeyboardInterrupt:
+            pass
 
 
 # -- diagnosis, bench, compare ----------------------------------------------------------------------------------------
@@ -421,6 +329,7 @@ def diagnose(
     json_out: JsonOpt = False,
 ) -> None:
     """Why a server failed to start or serve: root cause, evidence lines, next step."""
+    from campaign.console.diagnosis import render_diagnosis
     from campaign.diagnose import diagnose_file
 
     out = Output(json=json_out)
@@ -428,54 +337,115 @@ def diagnose(
     if json_out:
         out.print_json(d.model_dump_json(indent=2))
     else:
-        from campaign.console.diagnosis import render_diagnosis
-
         render_diagnosis(out.out, d)
 
 
-def _ints(text: str | None) -> list[int] | None:
+def _numbers(text: str | None, kind: type[float], option: str, example: str) -> list[float] | None:
+    """``1,8,32`` as numbers of ``kind``; a usage error (exit 2, with the usage line) names the option otherwise."""
     if not text:
         return None
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise UsageError(f"--concurrency {text!r}: expected integers separated by commas, e.g. 1,8,32") from None
+        raise typer.BadParameter(
+            f"{text!r}: expected numbers separated by commas, e.g. {example}", param_hint=f"'{option}'"
+        ) from None
 
 
-def _floats(text: str | None) -> list[float] | None:
-    if not text:
+def _pairs(values: list[str] | None, sep: str, option: str, example: str) -> list[tuple[str, str]]:
+    """``NAME<sep>VALUE`` options as pairs; a usage error names the option when one lacks the separator."""
+    out: list[tuple[str, str]] = []
+    for text in values or []:
+        name, found, value = text.partition(sep)
+        if not found or not name.strip():
+            raise typer.BadParameter(f"{text!r}: expected NAME{sep}VALUE, e.g. {example}", param_hint=f"'{option}'")
+        out.append((name.strip(), value.strip()))
+    return out
+
+
+def _sla_options(slos: list[str] | None, over: str, span: str, max_trials: int | None) -> dict[str, Any] | None:
+    """``--sla ttft.p90=200 --sla-range 1:64`` as the ``sla`` bench setting (None without ``--sla``)."""
+    pairs = _pairs(slos, "=", "--sla", "ttft.p90=200")
+    if not pairs:
         return None
+    bounds: dict[str, float] = {}
+    for name, value in pairs:
+        try:
+            bounds[name] = float(value)
+        except ValueError:
+            raise typer.BadParameter(f"{name}={value!r}: the bound must be a number", param_hint="'--sla'") from None
+    low, found, high = span.partition(":")
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        lo, hi = float(low), float(high)
     except ValueError:
-        raise UsageError(f"--rate {text!r}: expected numbers separated by commas, e.g. 2,8") from None
+        raise typer.BadParameter(f"{span!r}: expected LOW:HIGH, e.g. 1:64", param_hint="'--sla-range'") from None
+    if not found:
+        raise typer.BadParameter(f"{span!r}: expected LOW:HIGH, e.g. 1:64", param_hint="'--sla-range'")
+    error_rate = bounds.pop("error_rate", None)
+    sla: dict[str, Any] = {"over": over, "slo": bounds, "low": lo, "high": hi}
+    if error_rate is not None:
+        sla["max_error_rate"] = error_rate
+    if max_trials is not None:
+        sla["max_trials"] = max_trials
+    return sla
 
 
 @app.command()
 def bench(
+    ctx: typer.Context,
     url: Annotated[str, typer.Argument(help="The server's base URL, e.g. http://127.0.0.1:30000")],
     concurrency: Annotated[str | None, typer.Option("--concurrency", "-c", help="Levels, e.g. 1,8,32,128.")] = None,
     rate: Annotated[str | None, typer.Option("--rate", help="Poisson request rates (req/s), e.g. 2,8.")] = None,
     requests: Annotated[int, typer.Option("--requests", "-n", help="Measured requests per level.")] = 64,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up requests per level.")] = 2,
     repeats: Annotated[int, typer.Option("--repeats", help="Repeat each level this many times.")] = 1,
-    prompts: Annotated[str, typer.Option("--prompts", help="arithmetic or random.")] = "arithmetic",
-    input_len: Annotated[int, typer.Option("--input-len", help="Random prompts: input words.")] = 128,
+    prompts: Annotated[str, typer.Option("--prompts", help="arithmetic, random or long-context.")] = "arithmetic",
+    input_len: Annotated[
+        int,
+        typer.Option(
+            "--input-len",
+            help="Random prompts: input tokens; long-context: the context length (exact with the server's /tokenize).",
+        ),
+    ] = 128,
     output_len: Annotated[int, typer.Option("--output-len", help="Random prompts: output tokens.")] = 128,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="max_tokens per request.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Model name (default: the first /v1/models).")] = None,
     max_error_rate: Annotated[float, typer.Option("--max-error-rate", help="A level past this fails.")] = 0.01,
     seed: Annotated[int, typer.Option("--seed", help="Prompt seed.")] = 0,
     ramp: Annotated[float, typer.Option("--ramp", help="Spread stream starts over this many s.")] = 0.0,
+    endpoint: Annotated[
+        str, typer.Option("--endpoint", help="chat (/v1/chat/completions) or completions (/v1/completions).")
+    ] = "chat",
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="CAMPAIGN_API_KEY",
+            show_envvar=True,
+            help="Sent as Authorization: Bearer KEY; masked in all output.",
+        ),
+    ] = None,
+    header: Annotated[
+        list[str] | None, typer.Option("--header", help="'Name: value' sent with every request (repeat).")
+    ] = None,
+    sla: Annotated[
+        list[str] | None,
+        typer.Option("--sla", help="Search the highest load meeting METRIC=BOUND (ms), e.g. ttft.p90=200 (repeat)."),
+    ] = None,
+    sla_over: Annotated[str, typer.Option("--sla-over", help="concurrency or request_rate.")] = "concurrency",
+    sla_range: Annotated[str, typer.Option("--sla-range", help="LOW:HIGH load the search spans.")] = "1:64",
+    sla_trials: Annotated[int | None, typer.Option("--sla-max-trials", help="At most this many levels.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the result's JSON here.")] = None,
+    export_requests: Annotated[
+        Path | None, typer.Option("--export-requests", help="Write every measured request here (JSON lines).")
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Load a server with streaming chat requests and report TTFT, ITL, TPOT, E2E, throughput and errors."""
-    from pydantic import ValidationError
-
-    from campaign.bench import BenchSettings, run_bench
+    """Load a server with streaming requests: TTFT, ITL, TPOT, E2E, throughput and errors, or an SLA search."""
+    from campaign.console.bench import bench_progress, render_bench
 
     out = Output(json=json_out)
-    raw: dict[str, Any] = {
+    options: dict[str, Any] = {
         "requests": requests,
         "warmup": warmup,
         "repeats": repeats,
@@ -485,24 +455,19 @@ def bench(
         "max_error_rate": max_error_rate,
         "seed": seed,
         "ramp_s": ramp,
+        "endpoint": endpoint,
+        "headers": dict(_pairs(header, ":", "--header", "'X-Team: bench'")),
     }
-    if max_tokens is not None:
-        raw["max_tokens"] = max_tokens
-    if concurrency:
-        raw["concurrency"] = _ints(concurrency)
-    if rate:
-        raw["request_rate"] = _floats(rate)
-    try:
-        settings = BenchSettings.model_validate(raw)
-    except ValidationError as e:
-        err = e.errors(include_url=False)[0]
-        field = ".".join(str(p) for p in err["loc"]) or "options"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        raise UsageError(f"{field}: {msg}") from None
-    from campaign.console.bench import bench_progress, render_bench
-
+    extra = {
+        "max_tokens": max_tokens,
+        "concurrency": _numbers(concurrency, int, "--concurrency", "1,8,32"),
+        "request_rate": _numbers(rate, float, "--rate", "2,8"),
+        "api_key": api_key,
+        "sla": _sla_options(sla, sla_over, sla_range, sla_trials),
+    }
+    options.update({k: v for k, v in extra.items() if v is not None})
     with bench_progress(out.err) as progress:
-        result = run_bench(url, settings, model=model, progress=progress)
+        result = _ops(ctx).bench(url, options, model=model, progress=progress, output=output, export=export_requests)
     if json_out:
         out.print_json(result.model_dump_json(indent=2))
     else:
@@ -512,37 +477,69 @@ def bench(
 
 @app.command()
 def compare(
-    run_refs: Annotated[list[str], typer.Argument(metavar="RUN...", help="Two or more runs (ids, prefixes, last).")],
+    ctx: typer.Context,
+    run_refs: Annotated[list[str], typer.Argument(metavar="RUN...", help="One or more runs (ids, prefixes, last).")],
     md: Annotated[bool, typer.Option("--md", help="Markdown on stdout.")] = False,
-    csv: Annotated[bool, typer.Option("--csv", help="CSV on stdout.")] = False,
+    csv: Annotated[bool, typer.Option("--csv", help="Every measured value as long-format CSV on stdout.")] = False,
     json_out: JsonOpt = False,
-    plot_file: Annotated[Path | None, typer.Option("--plot", help="Draw throughput and p90 latency to a PNG.")] = None,
+    plot_file: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Draw throughput, TTFT, TPOT and p90 latency (95% intervals) to a PNG."),
+    ] = None,
     all_fields: Annotated[bool, typer.Option("--all", help="Show every config field, not only differences.")] = False,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            metavar="RUN:VARIANT",
+            help="Compare every column with this one (default: the same variant of the first run, else the first).",
+        ),
+    ] = None,
+    correction: Annotated[
+        str, typer.Option("--correction", help="p-value adjustment over all cells: holm, bh or none.")
+    ] = "holm",
+    alpha: Annotated[float, typer.Option("--alpha", help="Significance level of the adjusted p-values.")] = 0.05,
+    min_effect: Annotated[
+        float,
+        typer.Option("--min-effect", help="Smallest change called significant, as a fraction (0.05 = 5%; 0: any)."),
+    ] = 0.05,
 ) -> None:
-    """Compare runs: config and environment differences, metrics side by side with significance and ratios."""
-    from campaign.compare import compare as do_compare
-    from campaign.compare import to_csv, to_json, to_markdown
+    """Compare runs: config and environment differences, metrics with ratios, intervals and corrected significance.
+
+    --csv writes every measured value in long form (run, variant, launch, repeat, level, metric, unit, value).
+    """
+    from campaign.comparison import to_csv, to_json, to_markdown
+    from campaign.console.compare import render_comparison
 
     if sum([md, csv, json_out]) > 1:
-        raise UsageError("choose one of --md, --csv, --json")
+        raise typer.BadParameter("choose one of --md, --csv, --json", param_hint="--md/--csv/--json")
     out = Output(json=json_out)
-    store = _store()
-    reports = [store.load_report(r) for r in run_refs]
-    c = do_compare(reports, all_fields=all_fields)
+    if correction not in ("holm", "bh", "none"):
+        raise typer.BadParameter(f"{correction!r}: choose holm, bh or none", param_hint="'--correction'")
+    if not 0 < alpha < 1:
+        raise typer.BadParameter(f"{alpha:g}: a significance level is between 0 and 1", param_hint="'--alpha'")
+    if not 0 <= min_effect < 1:
+        why = f"{min_effect:g}: a minimum effect is a fraction in [0, 1)"
+        raise typer.BadParameter(why, param_hint="'--min-effect'")
+    c = _ops(ctx).compare(
+        run_refs,
+        all_fields=all_fields,
+        baseline=baseline,
+        correction=correction,
+        alpha=alpha,
+        min_effect=min_effect,
+    )
     if plot_file is not None:
         from campaign.plot import plot
 
-        written = plot(c, plot_file)
-        out.err.print(f"plot: {written}")
+        out.err.print(f"plot: {plot(c, plot_file)}")
     if json_out:
         out.print_json(to_json(c))
     elif md:
-        sys.stdout.write(to_markdown(c))
+        out.write_text(to_markdown(c))
     elif csv:
-        sys.stdout.write(to_csv(c))
+        out.write_text(to_csv(c))
     else:
-        from campaign.console.compare import render_comparison
-
         render_comparison(out.out, c)
 
 
@@ -550,42 +547,8 @@ def compare(
 
 
 def main() -> None:
-    """Console-script entry: run the app, mapping CampaignError to its exit code and a one-line message."""
-    debug = "--debug" in sys.argv[1:]
-    try:
-        rc = app(standalone_mode=False)
-    except CampaignError as e:
-        if debug:
-            import traceback
-
-            traceback.print_exc()
-        from campaign.console import Output as _Out
-        from campaign.console.run import render_error
-
-        render_error(_Out().err, e.message, e.hint)
-        sys.exit(e.exit_code)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        sys.exit(130)
-    except Exception as e:  # a bug of ours: say so plainly; the traceback (never with locals) only under --debug
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
-            sys.stderr.write("aborted\n")
-            sys.exit(130)
-        if debug:
-            import traceback
-
-            traceback.print_exc()
-        else:
-            sys.stderr.write(f"internal error: {type(e).__name__}: {e}\n(run with --debug for the traceback)\n")
-        sys.exit(70)
-    sys.exit(rc if isinstance(rc, int) else 0)
+    """Console-script entry: usage errors exit 2 (typer prints the usage and the help hint); see ``_Group``."""
+    app(prog_name="campaign")
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+# Over 500 lines: experiment and recipe models, their loading (file:line errors) and rendering are one vocabulary.
 """Experiment and recipe files: pydantic models, YAML with line numbers in errors, --set overrides, matrices.
 
 An experiment file names a host, a recipe, a baseline and either a list of variants or a matrix of knobs. Loading it
@@ -7,6 +8,7 @@ gives an ``Experiment``; ``Experiment.plan()`` turns it into ``PlannedVariant`` 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 import shlex
@@ -15,22 +17,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from campaign.errors import ConfigError, UsageError
-from campaign.records import KnobValue, LaunchSpec
+from campaign.records import BenchSettings, KnobValue, LaunchSpec, show_value
+from campaign.records.profile import ProfileEndpoints, ProfileSettings
+from campaign.redaction import mask_env
 
 CONFIG_DIR = Path("configs")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
-MASK = "***"
+#: Names that become folders (experiments, run ids): no path separators, no leading dot, so never `.` or `..`.
+NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 M = TypeVar("M", bound=BaseModel)
+_V = TypeVar("_V", bound="VariantConfig")
 
-if TYPE_CHECKING:
-    from campaign.bench import BenchSettings
+
+def env_names(env: dict[str, str]) -> dict[str, str]:
+    """``env`` unchanged when every key is a valid environment variable name (ValueError otherwise)."""
+    for k in env:
+        if not _ENV_NAME.match(k):
+            raise ValueError(f"{k!r} is not a valid environment variable name")
+    return env
 
 
 class _Strict(BaseModel):
@@ -41,14 +51,82 @@ class _Strict(BaseModel):
 # Recipes
 
 
+class Spelling(_Strict):
+    """How a knob was spelled by the releases before ``before`` (a server version), where upstream renamed it."""
+
+    before: str
+    flag: str | None = None
+    when_true: list[str] = Field(default_factory=list)
+    when_false: list[str] = Field(default_factory=list)
+
+
+class EffectiveRule(_Strict):
+    """How a server's log states the value it really runs for a knob: a regex over log lines.
+
+    The line says the value in the pattern's ``value`` group (read through ``map`` where given, e.g. vLLM's
+    ``NONE`` -> false), or, for a pattern without that group, ``value`` itself. The last matching line before
+    readiness is the server's final word.
+    """
+
+    pattern: str
+    value: KnobValue = None
+    map: dict[str, KnobValue] = Field(default_factory=dict)
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a valid regular expression: {e}") from e
+        return v
+
+
 class KnobRule(_Strict):
-    """How one knob becomes flags: ``flag VALUE``, fixed args when true/false, or an env variable."""
+    """How one knob becomes flags: ``flag VALUE``, fixed args when true/false, or an env variable.
+
+    ``older`` holds earlier spellings by server version (the first whose ``before`` is above the running version
+    wins); ``effective`` says how the server's log states what it really runs for this knob.
+    """
 
     flag: str | None = None
     when_true: list[str] = Field(default_factory=list)
     when_false: list[str] = Field(default_factory=list)
     env: str | None = None
     choices: list[KnobValue] | None = None
+    older: list[Spelling] = Field(default_factory=list)
+    effective: list[EffectiveRule] = Field(default_factory=list)
+
+    def spelled_for(self, version: str | None) -> KnobRule | Spelling:
+        """The spelling in force for a server at ``version`` (this rule's own when the version is unknown)."""
+        if version is None:
+            return self
+        key = version_key(version)
+        for old in sorted(self.older, key=lambda o: version_key(o.before)):
+            if key < version_key(old.before):
+                return old
+        return self
+
+
+class Together(_Strict):
+    """Args added when several knobs hold the given values at once (vLLM: compile off with graphs on)."""
+
+    when: dict[str, KnobValue]
+    args: list[str]
+
+
+class HelpSpec(_Strict):
+    """How to read the server's own flag list: the command that prints ``--help``, and where flags start.
+
+    ``launcher`` is how many words of the recipe's ``command`` start the server (``python3 -m sglang.launch_server``
+    is 3): every word after them that looks like a flag is checked against the help text.
+    """
+
+    command: list[str]
+    launcher: int = Field(ge=0)
+    #: The command whose last output line is the build's version for the help cache (default: the
+    #: ``server_version`` probe); a server whose flags change without a release says more than its version here.
+    version: list[str] | None = None
 
 
 class Recipe(_Strict):
@@ -68,6 +146,11 @@ class Recipe(_Strict):
     #: Commands (templates like ``command``) whose last output line goes into a run's environment, e.g.
     #: ``server_version`` and ``kernel_hash``: what compare flags when two runs differ.
     probes: dict[str, list[str]] = Field(default_factory=dict)
+    #: The server's own ``--help``: every rendered flag is checked against it before anything is launched.
+    help: HelpSpec | None = None
+    together: list[Together] = Field(default_factory=list)
+    #: The server's profiler endpoints (``campaign.profile``); None: the recipe cannot be profiled.
+    profile: ProfileEndpoints | None = None
 
     @field_validator("ready_marker")
     @classmethod
@@ -114,14 +197,32 @@ def available_recipes() -> list[str]:
 # Experiments
 
 
-class LocalHostConfig(_Strict):
+class _HostBase(_Strict):
+    """What every kind of host entry may say besides how to reach it."""
+
+    workdir: str = "~/.campaign"
+    #: campaign's state folder on the host (its lock and current.json); None: ``lock.host_state_dir()``. Only for
+    #: several campaign hosts on one machine (GPU slices of one box, the tests' two sshd): each slice is a box of its
+    #: own, and every experiment that uses a slice must name the same folder for it.
+    state_dir: str | None = None
+    #: Knobs every launch on this host gets, over the baseline's and each variant's (a port, a device of a slice).
+    knobs: dict[str, KnobValue] = Field(default_factory=dict)
+    #: Environment every launch on this host gets, over the variant's (``CUDA_VISIBLE_DEVICES`` of a slice).
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        return env_names(v)
+
+
+class LocalHostConfig(_HostBase):
     """Servers run on this machine."""
 
     kind: Literal["local"] = "local"
-    workdir: str = "~/.campaign"
 
 
-class SSHHostConfig(_Strict):
+class SSHHostConfig(_HostBase):
     """Servers run on a machine reached over SSH (honours ~/.ssh/config aliases, keys, agent, ProxyJump)."""
 
     kind: Literal["ssh"]
@@ -133,7 +234,25 @@ class SSHHostConfig(_Strict):
     accept_new_host_key: bool = False
     ssh_config: str | None = "~/.ssh/config"
     connect_timeout: float = 10.0
-    workdir: str = "~/.campaign"
+
+
+class SlurmHostConfig(_HostBase):
+    """Servers run as Slurm batch jobs, submitted from this machine (the login node) to the cluster's scheduler.
+
+    ``workdir`` must be on a filesystem the compute nodes share with this machine: the job's output file, PID and
+    exit status are written there and read from here.
+    """
+
+    kind: Literal["slurm"]
+    partition: str | None = None
+    sbatch_args: list[str] = Field(default_factory=list)
+    #: A slurm.conf other than the default one (passed as SLURM_CONF to every Slurm command).
+    slurm_conf: str | None = None
+    #: How long a launch waits for its job to start before cancelling it.
+    start_timeout_s: float = Field(default=600.0, gt=0)
+
+
+HostConfig = LocalHostConfig | SSHHostConfig | SlurmHostConfig
 
 
 class VariantConfig(_Strict):
@@ -154,10 +273,7 @@ class VariantConfig(_Strict):
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for k in v:
-            if not _ENV_NAME.match(k):
-                raise ValueError(f"{k!r} is not a valid environment variable name")
-        return v
+        return env_names(v)
 
     @field_validator("args", mode="before")
     @classmethod
@@ -195,22 +311,83 @@ class MatrixConfig(_Strict):
 
 
 class SmokeConfig(_Strict):
-    """Questions with known answers asked after readiness: 17×23 plus seeded random a×b and a+b."""
+    """Questions with known answers asked after readiness, then a concurrent burst of them (see ``campaign.smoke``)."""
 
     enabled: bool = True
     questions: int = Field(default=4, ge=0, le=1000)
     seed: int = 0
-    max_tokens: int = Field(default=8, ge=1)
-    timeout_s: float = Field(default=30.0, gt=0)
+    #: Room for a short chain of thought; capped at half the context /v1/models reports (max_model_len).
+    max_tokens: int = Field(default=256, ge=1)
+    timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    api: Literal["chat", "completions"] = "chat"
+    #: The answer-format instruction; a system message (chat) or ``{instruction}`` in ``completion_prompt``.
+    instruction: str = "Reply with only the final number."
+    instruction_in: Literal["system", "user"] = "system"
+    #: The /v1/completions prompt: ``{question}`` and ``{instruction}`` are filled in.
+    completion_prompt: str = "{instruction}\n{question}\nAnswer:"
+    #: Send ``chat_template_kwargs: {enable_thinking: false}`` (dropped if the server refuses it).
+    reasoning_off: bool = True
+    burst: bool = True
+    #: Largest burst; None: the variant's ``cuda_graph_max_bs`` / ``max_batch`` knob (the smaller), else 32.
+    burst_max: int | None = Field(default=None, ge=1, le=1024)
+    #: ``answers``: every answer exact; ``golden``: greedy tokens agree with the known-good's (inexact models).
+    mode: Literal["answers", "golden"] = "answers"
+    min_agreement: float = Field(default=0.9, ge=0.0, le=1.0)
+    #: Largest log-probability difference from the known-good's on the answer tokens and their top alternatives,
+    #: relative: |this - known| / max(1, |known|) (see ``campaign.golden``); None: no check.
+    logprob_tolerance: float | None = Field(default=0.1, gt=0)
+    top_logprobs: int = Field(default=5, ge=0, le=20)
+
+    @field_validator("completion_prompt")
+    @classmethod
+    def _has_question(cls, value: str) -> str:
+        if "{question}" not in value:
+            raise ValueError("completion_prompt must contain {question}")
+        try:
+            value.format(question="", instruction="")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"completion_prompt may name only {{question}} and {{instruction}} ({e})") from e
+        return value
 
 
 class TimeoutsConfig(_Strict):
-    """Deadlines, in seconds."""
+    """Deadlines, in seconds (finite: ``.inf`` would make a wait that never ends)."""
 
-    ready_s: float = Field(default=120.0, gt=0)
-    stop_grace_s: float = Field(default=10.0, ge=0)
-    restore_ready_s: float | None = Field(default=None, gt=0)
-    poll_s: float = Field(default=0.1, gt=0, le=1.0)
+    ready_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
+    stop_grace_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    restore_ready_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    poll_s: float = Field(default=0.1, gt=0, le=1.0, allow_inf_nan=False)
+
+
+class RetryConfig(_Strict):
+    """How often a variant that failed for a transient cause (``campaign.retry``) is launched again, and when."""
+
+    #: Extra attempts per variant after its first (0: never retry).
+    budget: int = Field(default=2, ge=0, le=20)
+    #: The wait before the first retry, in seconds; each later one waits ``factor`` times longer.
+    backoff_s: float = Field(default=2.0, ge=0, le=3600, allow_inf_nan=False)
+    factor: float = Field(default=2.0, ge=1, le=10, allow_inf_nan=False)
+
+
+_DURATION_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*")
+
+
+def duration_s(value: float | str) -> float:
+    """Seconds from a number or a string such as ``90``, ``45s``, ``30m``, ``2h`` (ValueError otherwise)."""
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        m = _DURATION_RE.fullmatch(value)
+        if m is None:
+            raise ValueError(f"{value!r} is not a duration: write seconds, or a number with s, m or h (30m, 2h)")
+        seconds = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2) or "s"]
+    if not 0 < seconds < float("inf"):
+        raise ValueError("a deadline must be a positive, finite duration")
+    return seconds
+
+
+HOST_XOR_HOSTS = "give either `host` (one host) or `hosts` (a fleet), not both"
+HOSTS_EMPTY = "`hosts` needs at least one host"
 
 
 class Experiment(_Strict):
@@ -218,7 +395,10 @@ class Experiment(_Strict):
 
     name: str
     description: str = ""
-    host: LocalHostConfig | SSHHostConfig = Field(default_factory=LocalHostConfig, discriminator="kind")
+    host: HostConfig = Field(default_factory=LocalHostConfig, discriminator="kind")
+    #: A fleet: several hosts the variants are spread over, in parallel (``campaign.fleet``); instead of ``host``.
+    #: A list of one is the same as ``host:``. After validation ``host`` is the first entry.
+    hosts: list[Annotated[HostConfig, Field(discriminator="kind")]] | None = None
     recipe: str
     vars: dict[str, str] = Field(default_factory=dict)
     baseline: BaselineConfig = Field(default_factory=BaselineConfig)
@@ -228,10 +408,73 @@ class Experiment(_Strict):
     smoke: SmokeConfig = Field(default_factory=SmokeConfig)
     #: The ``bench:`` section, validated by ``campaign.bench.BenchSettings`` at load time (see ``bench_settings``).
     bench: dict[str, Any] | None = None
+    #: One bench level run again under the server's profiler (``campaign.profile``); None: no profile.
+    profile: ProfileSettings | None = None
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     at_end: Literal["known_good", "last", "stop"] = "known_good"
     #: Run the baseline first (it becomes the known-good the variants are restored to).
     run_baseline: bool = True
+    #: When the box goes back to the known-good between variants: ``after_failure`` (every failed variant),
+    #: ``when_needed`` (only after a failure that may leave the box damaged: see ``campaign.retry.needs_proven_box``),
+    #: or ``at_end`` (never between variants). The hygiene check (stop, nothing of ours left, the port free) runs
+    #: between variants whatever the policy, and ``at_end`` applies at the end.
+    restore: Literal["after_failure", "when_needed", "at_end"] = "after_failure"
+    #: Retries of transient failures (see ``campaign.retry``).
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    #: How long the whole campaign may take from its start (seconds, or ``30m``, ``2h``): a variant whose estimated
+    #: cost would pass it is not started, and the run ends cleanly (``at_end`` applies). None: no limit.
+    deadline: float | None = None
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline(cls, v: object) -> float | None:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise ValueError("a deadline is seconds, or a number with s, m or h (30m, 2h)")
+        return duration_s(v)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.fullmatch(v) or len(v) > 100:
+            raise ValueError("use letters, digits and . _ - (up to 100, not starting with a dot): it names folders")
+        return v
+
+    @model_validator(mode="after")
+    def _one_host_field(self) -> Experiment:
+        if self.hosts is None:
+            return self
+        if "host" in self.model_fields_set:
+            raise ValueError(HOST_XOR_HOSTS)
+        if not self.hosts:
+            raise ValueError(HOSTS_EMPTY)
+        self.host = self.hosts[0]
+        return self
+
+    @property
+    def fleet(self) -> list[HostConfig]:
+        """Every host the experiment runs on (one for ``host:``)."""
+        return list(self.hosts) if self.hosts else [self.host]
+
+    def for_host(self, host: HostConfig) -> Experiment:
+        """This experiment as it runs on one host of its fleet: that host alone, its knobs and env over every
+        variant's (what the host's own loop renders and launches)."""
+        knobs, env = host.knobs, host.env
+
+        def on_host(v: _V) -> _V:
+            if not (knobs or env):
+                return v
+            return v.model_copy(update={"knobs": {**v.knobs, **knobs}, "env": {**v.env, **env}})
+
+        return self.model_copy(
+            update={
+                "host": host,
+                "hosts": None,
+                "baseline": on_host(self.baseline),
+                "variants": [on_host(v) for v in self.variants],
+            }
+        )
 
     @model_validator(mode="after")
     def _variants_xor_matrix(self) -> Experiment:
@@ -249,8 +492,6 @@ class Experiment(_Strict):
         """The bench settings, or None when the experiment does not bench."""
         if self.bench is None:
             return None
-        from campaign.bench import BenchSettings
-
         return BenchSettings.model_validate(self.bench)
 
     def variant_configs(self) -> list[VariantConfig]:
@@ -277,15 +518,30 @@ def expand_matrix(matrix: MatrixConfig, baseline: VariantConfig) -> list[Variant
         knobs: dict[str, KnobValue] = {}
         for part in combo:
             knobs.update(part)
-        name = ",".join(f"{k}={_fmt(v)}" for k, v in knobs.items())
+        name = matrix_name(",".join(f"{k}={show_value(v)}" for k, v in knobs.items()))
         variants.append(VariantConfig(name=name, knobs={**baseline.knobs, **knobs}))
     return variants
 
 
-def _fmt(v: KnobValue) -> str:
-    if isinstance(v, bool):
-        return "on" if v else "off"
-    return str(v)
+def version_key(version: str) -> tuple[int, ...]:
+    """A comparable key of a version string: its leading dotted numbers (``0.5.23.post1`` -> (0, 5, 23))."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+    return tuple(int(p) for p in m.group(1).split(".")) if m else ()
+
+
+def matrix_name(raw: str) -> str:
+    """A folder-safe variant name for a matrix point: any value is allowed in a knob (a model path's ``/``).
+
+    Characters a name may not hold become ``_``; when that changed anything, a short hash of the raw name keeps
+    two points apart (``model_path=/a/b`` and ``model_path=_a_b`` stay different variants).
+    """
+    safe = re.sub(r"[^A-Za-z0-9._=,+~-]", "_", raw)
+    if not safe[:1].isalnum():
+        safe = "m" + safe
+    if safe == raw and len(safe) <= 120:
+        return safe
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:6]
+    return f"{safe[:110]}~{digest}"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -303,9 +559,16 @@ class PlannedVariant:
 
 
 def render(
-    recipe: Recipe, variant: VariantConfig, baseline: VariantConfig, extra_vars: Mapping[str, str]
+    recipe: Recipe,
+    variant: VariantConfig,
+    baseline: VariantConfig,
+    extra_vars: Mapping[str, str],
+    server_version: str | None = None,
 ) -> PlannedVariant:
-    """Render ``variant`` (on top of ``baseline``) to the exact command and env the recipe launches."""
+    """Render ``variant`` (on top of ``baseline``) to the exact command and env the recipe launches.
+
+    ``server_version`` picks each knob's spelling for that release (the current spelling when None).
+    """
     knobs: dict[str, KnobValue] = {**baseline.knobs, **variant.knobs}
     knobs.setdefault("port", recipe.default_port)
     tmpl_vars = {**recipe.vars, **extra_vars}
@@ -336,14 +599,18 @@ def render(
                 f"{value!r} is not one of {rule.choices}",
                 field=f"{variant.name}.knobs.{knob}",
             )
+        spelling = rule.spelled_for(server_version)
         if isinstance(value, bool):
-            command.extend(rule.when_true if value else rule.when_false)
-            if rule.flag and value:
-                command.append(rule.flag)
-        elif rule.flag:
-            command.extend([rule.flag, str(value)])
+            command.extend(spelling.when_true if value else spelling.when_false)
+            if spelling.flag and value:
+                command.append(spelling.flag)
+        elif spelling.flag:
+            command.extend([spelling.flag, str(value)])
         if rule.env:
-            env[rule.env] = _fmt(value) if isinstance(value, bool) else str(value)
+            env[rule.env] = show_value(value) if isinstance(value, bool) else str(value)
+    for extra in recipe.together:
+        if all(knobs.get(k) == v for k, v in extra.when.items()):
+            command.extend(extra.args)
     command.extend(baseline.args if variant is not baseline else [])
     command.extend(variant.args)
     env.update(baseline.env if variant is not baseline else {})
@@ -363,7 +630,9 @@ def render(
     return PlannedVariant(name=variant.name, knobs=knobs, spec=spec, config=variant)
 
 
-def plan(experiment: Experiment, recipe: Recipe, only: Sequence[str] = ()) -> list[PlannedVariant]:
+def plan(
+    experiment: Experiment, recipe: Recipe, only: Sequence[str] = (), server_version: str | None = None
+) -> list[PlannedVariant]:
     """Every variant of ``experiment`` rendered, in run order; ``only`` keeps the named ones (baseline kept)."""
     configs = experiment.variant_configs()
     if only:
@@ -375,26 +644,26 @@ def plan(experiment: Experiment, recipe: Recipe, only: Sequence[str] = ()) -> li
                 hint="variants: " + ", ".join(c.name for c in configs),
             )
         configs = [c for c in configs if c.name in only or (c is experiment.baseline and experiment.run_baseline)]
+    tmpl_vars = template_vars(experiment)
+    planned = [render(recipe, c, experiment.baseline, tmpl_vars, server_version) for c in configs]
+    if experiment.profile is not None and recipe.profile is not None:
+        # A server told where its traces go only at launch (vLLM) is launched so for every variant.
+        args, env = recipe.profile.launch(experiment.profile.folder(experiment.name))
+        for pv in planned:
+            pv.spec.command.extend(args)
+            pv.spec.env.update(env)
+    return planned
+
+
+def template_vars(experiment: Experiment) -> dict[str, str]:
+    """The experiment's ``vars`` as templates see them (over the recipe's own), with ``python`` filled in locally.
+
+    On this machine the server runs under the interpreter that runs campaign, unless the experiment says otherwise.
+    """
     tmpl_vars = dict(experiment.vars)
     if experiment.host.kind == "local":
-        # On this machine the server runs under the interpreter that runs campaign, unless told otherwise.
         tmpl_vars.setdefault("python", sys.executable)
-    return [render(recipe, c, experiment.baseline, tmpl_vars) for c in configs]
-
-
-def is_secret(name: str) -> bool:
-    """True for env names that hold secrets (TOKEN, KEY, SECRET, PASSWORD...): their values are never shown."""
-    return bool(_SECRET_NAME.search(name))
-
-
-def masked_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with secret values replaced by ``***``."""
-    return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
-
-
-def masked_spec(spec: LaunchSpec) -> LaunchSpec:
-    """A copy of ``spec`` safe to write to reports and show: secret env values masked."""
-    return spec.model_copy(update={"env": masked_env(spec.env)})
+    return tmpl_vars
 
 
 def shell_word(value: str) -> str:
@@ -413,7 +682,7 @@ def shell_word(value: str) -> str:
 
 def shell_line(spec: LaunchSpec, *, mask: bool = True) -> str:
     """The launch as one shell line (env assignments, then the command), every value a quoted shell word."""
-    env = masked_env(spec.env) if mask else spec.env
+    env = mask_env(spec.env) if mask else spec.env
     parts = [f"{k}={shell_word(v)}" for k, v in env.items()]
     parts.extend(shell_word(a) for a in spec.command)
     return " ".join(parts)
@@ -431,6 +700,10 @@ class Loaded:
     recipe: Recipe
     path: Path
     resolved: dict[str, Any]
+
+    def on_host(self, host: HostConfig) -> Loaded:
+        """The experiment as one host of its fleet runs it (``Experiment.for_host``)."""
+        return Loaded(self.experiment.for_host(host), self.recipe, self.path, self.resolved)
 
 
 def resolve_path(name_or_path: str, config_dir: Path = CONFIG_DIR) -> Path:
@@ -455,17 +728,33 @@ def load(name_or_path: str, overrides: Sequence[str] = (), config_dir: Path = CO
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", file=str(path)) from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"not a text file (byte {e.start} is not UTF-8)", file=str(path), hint="an experiment file is YAML text"
+        ) from e
     data = _parse_yaml(text, str(path))
     if not isinstance(data, dict):
         raise ConfigError("an experiment file must be a mapping (name:, recipe:, ...)", file=str(path), line=1)
     for item in overrides:
         apply_override(data, item)
+    if "hosts" in data and ("host" in data or data["hosts"] == []):
+        # Said here, at the line of `hosts`: the model's own check can only point at the top of the file.
+        raise ConfigError(
+            HOST_XOR_HOSTS if "host" in data else HOSTS_EMPTY,
+            file=str(path),
+            line=line_of(text, ["hosts"]),
+            field="hosts",
+            hint="a fleet lists every host under `hosts`, the first one included",
+        )
     experiment = _validate(Experiment, data, text, str(path))
     if experiment.bench is not None:
-        from campaign.bench import BenchSettings
-
-        _validate(BenchSettings, experiment.bench, text, str(path), prefix=["bench"])
+        _validate(BenchSettings, experiment.bench, text, str(path), prefix=["bench"], context={"plan": True})
+    _check_profile(experiment, text, str(path))
     recipe = load_recipe(experiment.recipe)
+    if experiment.hosts:
+        _check_fleet(experiment, recipe, text, str(path))
+    if len(experiment.fleet) == 1:
+        experiment = experiment.for_host(experiment.host)  # one host: its knobs and env are every variant's
     # Render every variant now so knob and variable errors surface, with their line, before anything is touched.
     located: list[tuple[list[str | int], VariantConfig]] = [(["baseline"], experiment.baseline)]
     located += [(["variants", i], v) for i, v in enumerate(experiment.variants)]
@@ -473,7 +762,7 @@ def load(name_or_path: str, overrides: Sequence[str] = (), config_dir: Path = CO
         located += [(["matrix", "axes"], v) for v in expand_matrix(experiment.matrix, experiment.baseline)]
     for loc, variant in located:
         try:
-            render(recipe, variant, experiment.baseline, experiment.vars | {"python": sys.executable})
+            render(recipe, variant, experiment.baseline, template_vars(experiment))
         except ConfigError as e:
             knob = (e.field or "").rpartition(".knobs.")[2] if ".knobs." in (e.field or "") else None
             where: list[str | int] = list(loc)
@@ -484,11 +773,74 @@ def load(name_or_path: str, overrides: Sequence[str] = (), config_dir: Path = CO
             raise ConfigError(
                 e.detail,
                 file=str(path),
-                line=_line_of(text, where),
+                line=line_of(text, where),
                 field=".".join(str(p) for p in where) if knob else e.field,
                 hint=e.hint,
             ) from None
     return Loaded(experiment=experiment, recipe=recipe, path=path, resolved=data)
+
+
+def _check_profile(experiment: Experiment, text: str, label: str) -> None:
+    """A ``profile:`` block needs a bench, and a level the bench runs."""
+    settings, bench = experiment.profile, experiment.bench_settings()
+    if settings is None:
+        return
+    if bench is None:
+        raise ConfigError(
+            "a profile runs one level of the bench, and this experiment has no bench",
+            file=label,
+            line=line_of(text, ["profile"]),
+            field="profile",
+            hint="add a `bench:` section, or remove `profile:`",
+        )
+    try:
+        settings.load_of(bench)
+    except ValueError as e:
+        raise ConfigError(str(e), file=label, line=line_of(text, ["profile", "level"]), field="profile.level") from None
+
+
+def _host_key(host: HostConfig) -> tuple[Any, ...]:
+    """What makes two host entries the same box: how it is reached, and its state folder."""
+    if host.kind == "ssh":
+        return (host.kind, host.host, host.port, host.user, host.state_dir)
+    if host.kind == "slurm":
+        return (host.kind, host.partition, host.slurm_conf, host.state_dir)
+    return (host.kind, host.state_dir)
+
+
+def _check_fleet(experiment: Experiment, recipe: Recipe, text: str, label: str) -> None:
+    """Each ``hosts`` entry a box of its own, and its knobs ones the recipe has and no matrix axis moves."""
+    seen: dict[tuple[Any, ...], int] = {}
+    axes = set(experiment.matrix.axes) if experiment.matrix is not None else set()
+    for i, host in enumerate(experiment.fleet):
+        key = _host_key(host)
+        if key in seen:
+            raise ConfigError(
+                f"the same box as hosts.{seen[key]} (one lock and one known-good per box: it would wait on itself)",
+                file=label,
+                line=line_of(text, ["hosts", i]),
+                field=f"hosts.{i}",
+                hint="remove it, or, for two slices of one machine, give each its own state_dir and port knob",
+            )
+        seen[key] = i
+        for knob in host.knobs:
+            where: list[str | int] = ["hosts", i, "knobs", knob]
+            if knob not in recipe.knobs:
+                raise ConfigError(
+                    f"recipe {recipe.name} has no knob {knob!r}",
+                    file=label,
+                    line=line_of(text, where),
+                    field=".".join(map(str, where)),
+                    hint=f"known knobs: {', '.join(sorted(recipe.knobs))}",
+                )
+            if knob in axes:
+                raise ConfigError(
+                    f"{knob!r} is a matrix axis: a host knob would override the axis on that host",
+                    file=label,
+                    line=line_of(text, where),
+                    field=".".join(map(str, where)),
+                    hint="set it per host or move it on the matrix, not both",
+                )
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:
@@ -522,9 +874,40 @@ def apply_override(data: dict[str, Any], item: str) -> None:
             raise UsageError(f"--set {item!r}: {'.'.join(parts[:i])} is a value, not a mapping")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """The safe loader, refusing a mapping that repeats a key (YAML's last-one-wins would hide a typo)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base constructor gives the proper error
+            if first is not None:
+                raise _DuplicateKey(key, first, key_node.start_mark.line + 1)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, line: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.line = key, first, line
+
+
 def _parse_yaml(text: str, label: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+    except _DuplicateKey as e:
+        raise ConfigError(
+            f"duplicate key (first given on line {e.first}); YAML would silently keep only the last one",
+            file=label,
+            line=e.line,
+            field=str(e.key),
+            hint="remove one of the two",
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -532,25 +915,29 @@ def _parse_yaml(text: str, label: str) -> Any:
         raise ConfigError(f"invalid YAML: {problem}", file=label, line=line) from None
 
 
-def _validate(model: type[M], data: Any, text: str, label: str, prefix: Sequence[str] = ()) -> M:
+def _validate(
+    model: type[M], data: Any, text: str, label: str, prefix: Sequence[str] = (), context: dict[str, Any] | None = None
+) -> M:
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
-        loc = [*prefix, *(p for p in err["loc"] if not (isinstance(p, str) and p in {"local", "ssh"}))]
+        loc = [*prefix, *(p for p in err["loc"] if not (isinstance(p, str) and p in {"local", "ssh", "slurm"}))]
         field = ".".join(str(p) for p in loc) or None
-        msg = err["msg"]
+        msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field (check its spelling)"
         elif err["type"] == "missing":
             msg = "this field is required"
+        elif err["type"] in ("union_tag_not_found", "union_tag_invalid"):
+            msg = "say which kind of host this is: kind: local, ssh or slurm"
         more = len(e.errors()) - 1
         if more:
             msg += f" (and {more} more error{'s' if more > 1 else ''})"
-        raise ConfigError(msg, file=label, line=_line_of(text, loc), field=field) from None
+        raise ConfigError(msg, file=label, line=line_of(text, loc), field=field) from None
 
 
-def _line_of(text: str, loc: Sequence[int | str]) -> int | None:
+def line_of(text: str, loc: Sequence[int | str]) -> int | None:
     """The 1-based line of the YAML node at ``loc`` (or its nearest existing parent)."""
     try:
         node: yaml.Node | None = yaml.compose(text)

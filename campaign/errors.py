@@ -9,12 +9,14 @@ one family and the CLI maps each branch to an exit code::
     ├── ConfigError                    an experiment or recipe file is invalid: file, line, field, what to do
     ├── HostError                      a host could not be reached or a command on it failed to run
     │   ├── HostKeyError               the host's key is unknown or does not match (never silently accepted)
-    │   └── HostTimeout                a remote call ran past its timeout
+    │   ├── HostTimeout                a remote call ran past its timeout
+    │   └── HostLost                   a lost connection stayed lost for the whole reconnect budget
     ├── LockHeld                       another campaign holds the host's lock (names the run holding it)
     ├── DirtyHost                      a stop could not make the box clean (group alive, port held, GPU memory held)
     ├── StoreError                     the run store is unreadable or a run id is unknown
     ├── BenchError                     a benchmark could not run at all (not: requests that failed; those are data)
-    └── RestoreFailed                  exit 3: the known-good could not be relaunched and proven
+    ├── RestoreFailed                  exit 3: the known-good could not be relaunched and proven
+    └── BoxUnproven                    exit 3: an error ended a run after a launch; nobody proved what runs now
 
 ``exit_code`` on each class is what the CLI returns when that error ends a command.
 """
@@ -79,6 +81,10 @@ class HostTimeout(HostError):
     """A remote call ran past its timeout."""
 
 
+class HostLost(HostError):
+    """A lost connection could not be re-established within its reconnect budget: the host is gone for now."""
+
+
 class LockHeld(CampaignError):
     """Another campaign holds this host's lock."""
 
@@ -103,5 +109,11 @@ class BenchError(CampaignError):
 
 class RestoreFailed(CampaignError):
     """The known-good configuration could not be relaunched and proven healthy."""
+
+    exit_code = 3
+
+
+class BoxUnproven(CampaignError):
+    """An error (a host lost for good, say) ended a run after a server was launched: the box is not proven."""
 
     exit_code = 3

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from campaign.errors import HostError, HostKeyError
+from campaign.errors import HostError, HostKeyError, HostLost
 from campaign.hosts.base import Host
 from campaign.records import LaunchSpec, PhaseMark
 from campaign.server import Running, ServerControl
@@ -127,7 +127,8 @@ def wait_ready(
     host = control.host
     follower = LogFollower(host, running.log_path)
     marker = re.compile(spec.ready_marker)
-    phase_rx = {name: re.compile(rx) for name, rx in spec.phases.items()}
+    # Case-insensitive: builds differ in case alone ("Capture cuda graph begin", "Capture target decode CUDA graph").
+    phase_rx = {name: re.compile(rx, re.IGNORECASE) for name, rx in spec.phases.items()}
     base_url = host.url(spec.port)
     t_start = running.started_at
     deadline = time.monotonic() + deadline_s
@@ -166,7 +167,7 @@ def wait_ready(
             marker_line_at = _mtime(host, running.log_path) - offset_s
         if marker_line_at is not None:
             status = health_status(base_url, spec.health_path)
-            if status == 200 and control.alive(running.pgid):
+            if status == 200 and control.alive(running):
                 now = time.time()
                 return Readiness(
                     ready=True,
@@ -177,7 +178,7 @@ def wait_ready(
                     detail=f"ready: marker seen and {spec.health_path} answered 200",
                     last_line=last_line,
                 )
-        if not control.alive(running.pgid):
+        if not control.alive(running):
             noticed = time.time()
             take(follower.flush())
             code = control.exit_code(running.remote_dir)
@@ -212,8 +213,8 @@ def wait_ready(
     while True:
         try:
             outcome = step()
-        except HostKeyError:
-            raise
+        except (HostKeyError, HostLost):
+            raise  # a changed key, or a host that stayed away for a whole reconnect budget: no poll will fix it
         except HostError:
             failures += 1
             if failures >= HOST_RETRIES or time.monotonic() >= deadline:

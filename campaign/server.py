@@ -1,30 +1,46 @@
-"""A server's life on a host: render the launch script, upload it, start it detached, stop its process group.
+# Over 500 lines: one lifecycle (launch, liveness, stop, its verification) for group and Slurm-job launches.
+"""A server's life on a host: render the launch script, upload it, start it detached, stop the tree it started.
 
 Lifecycle of one attempt, as ``ServerControl`` drives it::
 
     prepare(run, attempt)    mkdir <workdir>/runs/<run>/<n>-<variant>/         (one remote call)
     launch(spec, dir)        upload launch.sh (0700, via write_file: never a heredoc inside a command),
                              then `setsid sh launch.sh </dev/null >server.log 2>&1 &` and read back the PID the
-                             script wrote; with setsid the script leads its own session, so PID == PGID
+                             script wrote; with setsid the script leads its own session, so PID == PGID. The script
+                             exports a fresh ``CAMPAIGN_TREE`` token that every descendant inherits
     ... readiness, smoke, bench (other modules) ...
-    stop(running)            TERM the group, poll, KILL after the grace period, then verify: group gone,
-                             port no longer listening, and (where nvidia-smi exists) no GPU memory held by the
-                             group's PIDs. A box that stays dirty raises DirtyHost.
+    stop(running)            TERM the tree (``processes.tree``: the token's holders, their group, session and
+                             descendants, so a child that left the group is stopped too), KILL after the grace
+                             period, then verify: no process of the tree alive, its port not held by one of them,
+                             and (where nvidia-smi exists) no GPU memory held by them. A box that stays dirty raises
+                             DirtyHost. A process campaign did not start is never signalled: a port held by one after
+                             the stop is reported in ``StopReport.foreign``, not blamed on the variant.
 
-``<workdir>/current.json`` records what runs now, so ``campaign status`` and the next run (from any laptop) know
-which group to stop. Our commands never wait on the server's streams: they go to a file.
+On a Slurm host (``hosts/slurm.py``) the same steps go through the scheduler instead: launch submits launch.sh with
+``sbatch`` (its output file is server.log), records the job at once, then waits for its node; alive means the job is
+active in ``squeue``; stop is ``scancel`` (matching the job's id and name), then the job must leave the queue and its
+port on the node stop answering. ``ServerControl.jobs`` is that switch; readiness, smoke and bench do not change.
+
+``current.json`` in the host's state folder (``lock.host_state_dir``, the same for every workdir) records what runs
+now, so ``campaign status`` and the next run (from any laptop, for any experiment) know which tree to stop. Our
+commands never wait on the server's streams: they go to a file.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import shlex
+import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 
 from campaign.config import shell_word
 from campaign.errors import DirtyHost, HostError
 from campaign.hosts.base import Host
+from campaign.hosts.slurm import Job, SlurmHost
+from campaign.lock import ensure_state_dir, host_state_dir
+from campaign.processes import TREE_VAR, PortHolders, Proc, port_holders, tree
 from campaign.records import LaunchSpec
 
 q = shlex.quote
@@ -44,10 +60,25 @@ class Running:
     variant: str
     run_id: str
     attempt: int
+    #: The CAMPAIGN_TREE value every process of this launch inherits ("" in records older than tokens).
+    token: str = ""
+    experiment: str = ""
+    workdir: str = ""
+    #: On a Slurm host: the batch job that runs the script, its name (cancel matches both), node and its address.
+    job_id: str = ""
+    job_name: str = ""
+    node: str = ""
+    node_addr: str = ""
 
     def to_json(self) -> str:
         """The record written to current.json."""
         return json.dumps(asdict(self), indent=2)
+
+    def describe(self) -> str:
+        """``variant maxb8 of experiment E (run R, pgid 123, port 30000)``."""
+        exp = f" of experiment {self.experiment}" if self.experiment else ""
+        where = f"Slurm job {self.job_id} on {self.node}" if self.job_id else f"pgid {self.pgid}"
+        return f"{self.variant}{exp} (run {self.run_id}, {where}, port {self.port})"
 
 
 @dataclass(frozen=True)
@@ -59,15 +90,23 @@ class StopReport:
     killed: bool
     seconds: float
     detail: str
+    #: PIDs of the tree that were signalled (the group leader and every descendant found).
+    pids: tuple[int, ...] = ()
+    #: A process campaign did not start that holds the stopped server's port (left alone), if any.
+    foreign: str | None = None
 
 
 class ServerControl:
     """Start and stop servers on one host, under one working directory there."""
 
-    def __init__(self, host: Host, workdir: str) -> None:
+    def __init__(self, host: Host, workdir: str, *, state_dir: str | None = None) -> None:
         self.host = host
+        #: On a Slurm host, servers are batch jobs: launch, liveness and stop go through the scheduler.
+        self.jobs = host if isinstance(host, SlurmHost) else None
         self._workdir_raw = workdir
         self._workdir: str | None = None
+        self.state_dir = state_dir or host_state_dir()
+        self._state_ready = False
 
     # -- paths ------------------------------------------------------------------------------------
 
@@ -89,8 +128,13 @@ class ServerControl:
 
     @property
     def current_path(self) -> str:
-        """Where the record of the running server lives on the host."""
-        return f"{self.workdir}/current.json"
+        """Where the record of the running server lives on the host (one per host, not per workdir)."""
+        return f"{self.state_dir}/current.json"
+
+    def _state(self) -> None:
+        if not self._state_ready:
+            ensure_state_dir(self.host, self.state_dir)
+            self._state_ready = True
 
     def prepare(self, run_id: str, attempt: int, variant: str) -> str:
         """Create and return the per-attempt folder on the host."""
@@ -103,7 +147,7 @@ class ServerControl:
     # -- launch ------------------------------------------------------------------------------------
 
     @staticmethod
-    def launch_script(spec: LaunchSpec, remote_dir: str, header: str) -> str:
+    def launch_script(spec: LaunchSpec, remote_dir: str, header: str, token: str = "") -> str:
         """The shell script that runs ``spec``; every value quoted, so hostile config values stay literal.
 
         A leading ``~/`` in a value is the host's home (``shell_word``), as a user typing the command would expect.
@@ -115,6 +159,9 @@ class ServerControl:
             "# foreground, then records the server's exit status so a death is explained after the group is gone.",
             f"echo $$ > {q(remote_dir + '/pid')}",
         ]
+        if token:
+            # Every descendant inherits it, even one that leaves the group: that is how stop finds the whole tree.
+            lines.append(f"export {TREE_VAR}={q(token)}")
         if spec.workdir:
             lines.append(f"cd {shell_word(spec.workdir)} || exit 97")
         for name, value in spec.env.items():
@@ -124,19 +171,63 @@ class ServerControl:
         return "\n".join(lines) + "\n"
 
     def launch(
-        self, spec: LaunchSpec, remote_dir: str, *, run_id: str, attempt: int, variant: str, header: str = ""
+        self,
+        spec: LaunchSpec,
+        remote_dir: str,
+        *,
+        run_id: str,
+        attempt: int,
+        variant: str,
+        header: str = "",
+        experiment: str = "",
     ) -> Running:
         """Upload the launch script and start it detached; returns once its PID is known (never waits on it)."""
+        self._state()
         script = f"{remote_dir}/launch.sh"
         log = f"{remote_dir}/server.log"
-        self.host.write_file(script, self.launch_script(spec, remote_dir, header).encode(), mode=0o700)
+        token = f"{run_id}:{attempt}:{secrets.token_hex(4)}"
+        self.host.write_file(script, self.launch_script(spec, remote_dir, header, token).encode(), mode=0o700)
+        running = Running(
+            pid=0,
+            pgid=0,
+            port=spec.port,
+            remote_dir=remote_dir,
+            log_path=log,
+            started_at=time.time(),
+            spec_hash=spec.spec_hash(),
+            variant=variant,
+            run_id=run_id,
+            attempt=attempt,
+            token=token,
+            experiment=experiment,
+            workdir=self.workdir,
+        )
+        if self.jobs is not None:
+            job_name = f"campaign-{run_id}-{attempt}"
+            job_id = self.jobs.submit(script, output=log, job_name=job_name, chdir=remote_dir)
+            running = replace(running, job_id=job_id, job_name=job_name)
+            # Recorded before the wait: a CLI that dies while the job is pending leaves a job `campaign stop` finds.
+            self._record(running)
+            running = self._await_node(running)
+            pid = self._read_pid(running)
+        else:
+            pid = self._start_group(script, remote_dir, log)
+        running = replace(running, pid=pid, pgid=pid)
+        self._record(running)
+        return running
+
+    def _record(self, running: Running) -> None:
+        """Write what runs now to current.json."""
+        self.host.write_file(self.current_path, running.to_json().encode(), mode=0o644)
+
+    def _start_group(self, script: str, remote_dir: str, log: str) -> int:
+        """Start the script under ``setsid`` (its own group and session) and return its PID, which is the PGID."""
         pidfile = f"{remote_dir}/pid"
         cmd = (
             f"cd {q(remote_dir)} && setsid /bin/sh {q(script)} </dev/null >{q(log)} 2>&1 & "
             f"i=0; while [ ! -s {q(pidfile)} ] && [ $i -lt 250 ]; do sleep 0.02; i=$((i+1)); done; "
             f"cat {q(pidfile)} 2>/dev/null"
         )
-        started = time.time()
         res = self.host.run(cmd, timeout=30)
         pid_text = res.stdout.strip()
         if not pid_text.isdigit():
@@ -144,21 +235,45 @@ class ServerControl:
                 f"{self.host.name}: the launch script did not start (no PID after 5 s): {res.tail(5) or 'no output'}",
                 hint="is `setsid` installed on the host (util-linux)?",
             )
-        pid = int(pid_text)
-        running = Running(
-            pid=pid,
-            pgid=pid,
-            port=spec.port,
-            remote_dir=remote_dir,
-            log_path=log,
-            started_at=started,
-            spec_hash=spec.spec_hash(),
-            variant=variant,
-            run_id=run_id,
-            attempt=attempt,
-        )
-        self.host.write_file(self.current_path, running.to_json().encode(), mode=0o600)
-        return running
+        return int(pid_text)
+
+    def _await_node(self, running: Running) -> Running:
+        """Wait until the submitted job runs on a node (or has already ended); the record gains the node."""
+        assert self.jobs is not None
+        deadline = time.monotonic() + self.jobs.start_timeout_s
+        while True:
+            job = self._our_job(running)
+            if job is None or (job.state != "PENDING" and job.nodes):
+                break
+            if time.monotonic() >= deadline:
+                self.jobs.cancel(running.job_id, job_name=running.job_name)
+                self._wait_job_gone(running, 30.0, 0.2)
+                self.forget()
+                raise HostError(
+                    f"{self.host.name}: Slurm job {running.job_id} was still pending after "
+                    f"{self.jobs.start_timeout_s:g} s (cancelled)",
+                    hint="the partition is busy or the job asks for more than a node has (squeue, sinfo)",
+                )
+            time.sleep(0.2)
+        node = job.nodes if job is not None else ""
+        addr = self.jobs.node_address(node) if node else ""
+        if addr:
+            self.jobs.use_node(addr)
+        return replace(running, node=node, node_addr=addr)
+
+    def _read_pid(self, running: Running) -> int:
+        """The PID the launch script wrote on the node (0 when the job ended before it wrote one)."""
+        assert self.jobs is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            text = self.host.read_file(f"{running.remote_dir}/pid").decode(errors="replace").strip()
+            if text.isdigit():
+                return int(text)
+            found = self._our_job(running)
+            if found is None or not found.active:
+                return 0
+            time.sleep(0.1)
+        return 0
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -168,17 +283,75 @@ class ServerControl:
         if not raw:
             return None
         try:
-            return Running(**json.loads(raw))
-        except (ValueError, TypeError):
+            data = json.loads(raw)
+            known = {f.name for f in fields(Running)}
+            running = Running(**{k: v for k, v in data.items() if k in known})
+        except (ValueError, TypeError, AttributeError):
             return None
+        if self.jobs is not None and running.node_addr:
+            self.jobs.use_node(running.node_addr)
+        return running
 
-    def alive(self, pgid: int) -> bool:
-        """True while a live (not zombie) process of the group exists.
+    def forget(self) -> None:
+        """Remove the record of what runs (after a stop that left nothing of it alive)."""
+        self.host.run(f"rm -f {q(self.current_path)}", timeout=10)
+
+    def tree(self, running: Running) -> list[Proc]:
+        """The live processes of ``running``'s launch: its token's holders, their group, session and descendants.
+
+        A Slurm job's processes live on its node: while the job is active they are listed where the login node
+        sees them (a node that is this machine), else the job stands for them (the script's PID and the job's state).
+        """
+        if running.job_id:
+            job = self._our_job(running)
+            if job is None or not job.active:
+                return []
+            seen = tree(self.host, running.token, running.pgid)
+            return seen or [Proc(pid=running.pid, command=f"Slurm job {job.job_id} ({job.name}, {job.state})")]
+        return tree(self.host, running.token, running.pgid)
+
+    def _our_job(self, running: Running) -> Job | None:
+        """The queue's entry for the job ``running`` records, when it is still the job we submitted (same name)."""
+        if self.jobs is None or not running.job_id:
+            return None
+        job = self.jobs.job(running.job_id)
+        return job if job is not None and job.name == running.job_name else None
+
+    def found_running(self) -> str:
+        """What campaign's record says runs on the box, checked against the process table (for messages)."""
+        cur = self.current()
+        if cur is None:
+            return "nothing campaign started"
+        procs = self.tree(cur)
+        if not procs:
+            return f"nothing ({cur.variant}, recorded last, has exited)"
+        return f"{cur.describe()}, {len(procs)} process{'es' if len(procs) != 1 else ''}"
+
+    def tree_alive(self, running: Running) -> bool:
+        """True while any process of the launch lives (the group leader or a descendant that left the group)."""
+        return bool(self.tree(running))
+
+    def port_holders(self, port: int) -> PortHolders:
+        """Who listens on ``port`` on the host, with PIDs and command lines."""
+        return port_holders(self.host, port)
+
+    def alive(self, target: int | Running) -> bool:
+        """True while a live (not zombie) process of the group exists; for a Slurm launch, while its job is active.
 
         Zombies count as gone: where PID 1 does not reap orphans (some containers), ``kill -0`` would see a dead
         server as alive forever. Read from /proc (no ps needed); hosts without /proc fall back to ``kill -0``.
+        A bare PGID on a Slurm host is looked up in the record of what runs (a stored attempt knows only its PGID).
         """
-        return self.host.run(_group_cmd(pgid, "alive"), timeout=10).ok
+        if self.jobs is not None and not isinstance(target, Running):
+            cur = self.current()
+            if cur is not None and cur.job_id and cur.pgid == target:
+                target = cur
+        if isinstance(target, Running):
+            if target.job_id:
+                job = self._our_job(target)
+                return job is not None and job.active
+            target = target.pgid
+        return self.host.run(_group_cmd(target, "alive"), timeout=10).ok
 
     def exit_code(self, remote_dir: str) -> int | None:
         """The exit status the launch script recorded (128+N for signal N), or None if it recorded none."""
@@ -213,9 +386,11 @@ class ServerControl:
     # -- stop ------------------------------------------------------------------------------------
 
     def stop(self, running: Running | None, *, grace_s: float = 10.0, poll_s: float = 0.1) -> StopReport:
-        """TERM the group, KILL it after ``grace_s``, then verify it is gone, its port free and its GPU memory released.
+        """TERM the launch's tree, KILL it after ``grace_s``, then verify it is gone, its port and GPU memory free.
 
-        Raises ``DirtyHost`` when the box cannot be made clean. Stopping nothing is a clean no-op.
+        Raises ``DirtyHost`` when a process of the tree survives, or still holds the port or GPU memory. A port held
+        by a process campaign did not start is not ours to clean: it is named in ``StopReport.foreign`` and the stop
+        is clean. Stopping nothing is a clean no-op.
         """
         t0 = time.monotonic()
         if running is None:
@@ -224,35 +399,46 @@ class ServerControl:
             return StopReport(
                 stopped=False, clean=True, killed=False, seconds=0.0, detail="nothing recorded as running"
             )
-        pgid = running.pgid
-        members = self.group_pids(pgid)
+        if running.job_id:
+            return self._stop_job(running, grace_s=grace_s, poll_s=poll_s, t0=t0)
+        members = self.tree(running)
+        seen = {p.pid for p in members}
         killed = False
-        if self.alive(pgid):
-            self.host.run(f"kill -TERM -{pgid} 2>/dev/null", timeout=10)
+        if members:
+            self._signal(running, members, "TERM")
             deadline = time.monotonic() + grace_s
-            while self.alive(pgid) and time.monotonic() < deadline:
+            while members and time.monotonic() < deadline:
                 time.sleep(poll_s)
-            if self.alive(pgid):
+                members = self.tree(running)
+                seen |= {p.pid for p in members}
+            if members:
                 killed = True
-                self.host.run(f"kill -KILL -{pgid} 2>/dev/null", timeout=10)
+                self._signal(running, members, "KILL")
                 deadline = time.monotonic() + 5.0
-                while self.alive(pgid) and time.monotonic() < deadline:
+                while members and time.monotonic() < deadline:
                     time.sleep(poll_s)
+                    members = self.tree(running)
         problems = []
-        if self.alive(pgid):
-            problems.append(f"process group {pgid} survived SIGKILL")
+        if members:
+            problems.append("survived SIGKILL: " + ", ".join(p.describe() for p in members))
+        holders = self.port_holders(running.port)
         deadline = time.monotonic() + 5.0
-        while self.port_listening(running.port) and time.monotonic() < deadline:
+        while holders.listening and any(p.pid in seen for p in holders.procs) and time.monotonic() < deadline:
             time.sleep(poll_s)
-        if self.port_listening(running.port):
-            problems.append(f"port {running.port} is still listening")
+            holders = self.port_holders(running.port)
+        foreign: str | None = None
+        if holders.listening:
+            if any(p.pid in seen for p in holders.procs):
+                problems.append(holders.describe())
+            else:
+                foreign = holders.describe() + ", a process campaign did not start (left alone)"
         gpu = self.gpu_pids()
-        if gpu is not None and members:
+        if gpu is not None and seen:
             deadline = time.monotonic() + 10.0
-            held = sorted(set(gpu) & set(members))
+            held = sorted(set(gpu) & seen)
             while held and time.monotonic() < deadline:
                 time.sleep(0.5)
-                held = sorted(set(self.gpu_pids() or []) & set(members))
+                held = sorted(set(self.gpu_pids() or []) & seen)
             if held:
                 problems.append(f"GPU memory still held by PIDs {held}")
         seconds = time.monotonic() - t0
@@ -261,11 +447,98 @@ class ServerControl:
                 f"{self.host.name}: stopping {running.variant} left the box dirty: " + "; ".join(problems),
                 hint="inspect the host (ps, nvidia-smi) before running again",
             )
-        self.host.run(f"rm -f {q(self.current_path)}", timeout=10)
-        how = "SIGKILL after the grace period" if killed else "SIGTERM"
+        self.forget()
+        if not seen:
+            detail = f"{running.variant} had already exited"
+        else:
+            how = "SIGKILL after the grace period" if killed else "SIGTERM"
+            detail = f"stopped {running.variant} ({how}, {len(seen)} process{'es' if len(seen) != 1 else ''})"
         return StopReport(
-            stopped=True, clean=True, killed=killed, seconds=seconds, detail=f"stopped {running.variant} ({how})"
+            stopped=bool(seen),
+            clean=True,
+            killed=killed,
+            seconds=seconds,
+            detail=detail,
+            pids=tuple(sorted(seen)),
+            foreign=foreign,
         )
+
+    def _stop_job(self, running: Running, *, grace_s: float, poll_s: float, t0: float) -> StopReport:
+        """scancel the job (Slurm TERMs it, KILLs it after its KillWait), then verify it left and its port is free.
+
+        Only the job we submitted is cancelled: its id and its name must both match (scancel filters on the name
+        too), so an id the scheduler gave to someone else's job after a reset is left alone and reported.
+        """
+        assert self.jobs is not None
+        job = self.jobs.job(running.job_id)
+        foreign: str | None = None
+        if job is not None and job.name != running.job_name:
+            foreign = f"Slurm job {job.job_id} is now {job.name!r}, a job campaign did not submit (left alone)"
+            job = None
+        seen = job is not None
+        killed = False
+        if job is not None:
+            self.jobs.cancel(running.job_id, job_name=running.job_name)
+            job = self._wait_job_gone(running, grace_s + 5.0, poll_s)
+            if job is not None:
+                killed = True
+                self.jobs.cancel(running.job_id, job_name=running.job_name, signal="KILL")
+                job = self._wait_job_gone(running, 10.0, poll_s)
+        problems = []
+        if job is not None:
+            problems.append(f"Slurm job {job.job_id} is still {job.state} after scancel and SIGKILL")
+        addr = running.node_addr
+        deadline = time.monotonic() + 5.0
+        while addr and _answers(addr, running.port) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        if addr and _answers(addr, running.port):
+            problems.append(f"port {running.port} on {running.node} ({addr}) still answers after the job ended")
+        if problems:
+            raise DirtyHost(
+                f"{self.host.name}: stopping {running.variant} left the box dirty: " + "; ".join(problems),
+                hint="inspect the job and the node (squeue, scontrol show job, ss on the node) before running again",
+            )
+        self.forget()
+        if seen:
+            how = "SIGKILL after the grace period" if killed else "scancel"
+            detail = f"stopped {running.variant} (Slurm job {running.job_id}, {how})"
+        else:
+            detail = f"{running.variant} had already exited (Slurm job {running.job_id} left the queue)"
+        return StopReport(
+            stopped=seen,
+            clean=True,
+            killed=killed,
+            seconds=time.monotonic() - t0,
+            detail=detail,
+            pids=(running.pid,) if seen and running.pid else (),
+            foreign=foreign,
+        )
+
+    def _wait_job_gone(self, running: Running, seconds: float, poll_s: float) -> Job | None:
+        """Poll the queue until the job has left it (or ended); returns its entry if it is still there."""
+        deadline = time.monotonic() + seconds
+        while True:
+            job = self._our_job(running)
+            if job is None or (not job.active and job.state != "COMPLETING"):
+                return None
+            if time.monotonic() >= deadline:
+                return job
+            time.sleep(max(poll_s, 0.2))
+
+    def _signal(self, running: Running, members: list[Proc], sig: str) -> None:
+        """Send ``sig`` to the launch's group and to every member of its tree (those that left the group too)."""
+        pids = " ".join(str(p.pid) for p in members)
+        group = f"kill -{sig} -{int(running.pgid)} 2>/dev/null; " if running.pgid in {p.pid for p in members} else ""
+        self.host.run(f"{group}kill -{sig} {pids} 2>/dev/null; true", timeout=10)
+
+
+def _answers(addr: str, port: int) -> bool:
+    """True when a TCP connection to ``addr:port`` is accepted (a Slurm node's port, seen from here)."""
+    try:
+        with socket.create_connection((addr, int(port)), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def _group_cmd(pgid: int, what: str) -> str:

@@ -1,6 +1,6 @@
 """Measure the load generator's own overhead against an endpoint whose timing is known.
 
-Starts the scheduled endpoint (tests/fixtures/sse_server.py) in its own process, runs ``campaign.bench.run_bench``
+Starts the scheduled endpoint (campaign/bench/testing.py) in its own process, runs ``campaign.bench.run_bench``
 against it at several concurrencies, and compares what the client reports (TTFT, ITL) with the schedule the
 server keeps. The server also reports how late it sent its own chunks, so the client's share of any error can
 be told apart. Then it raises a Poisson request rate until the client no longer sustains it (an error, an achieved
@@ -29,39 +29,9 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from campaign.bench import BenchEvent, BenchSettings, LevelResult, run_bench  # noqa: E402
-from tests.fixtures.sse_server import ScheduledServer  # noqa: E402
-
-
-def server_stats(url: str, reset: bool = False) -> dict[str, Any]:
-    """The endpoint's /stats (its own lateness); with ``reset``, zero them instead."""
-    if reset:
-        httpx.post(url + "/stats/reset")
-        return {}
-    stats: dict[str, Any] = httpx.get(url + "/stats").json()
-    return stats
-
-
-def measured_level(url: str, settings: BenchSettings, model: str) -> tuple[LevelResult, float, float, dict[str, Any]]:
-    """Run one level; returns it with the client's CPU and wall seconds and the endpoint's /stats of its measured part.
-
-    The warm-up (one request per stream) opens every connection the level uses; the progress events tell when the
-    measured part begins, so the endpoint's counters and the CPU clock start there.
-    """
-    marks: dict[str, float] = {}
-
-    def progress(ev: BenchEvent) -> None:
-        if ev.kind == "repeat":
-            server_stats(url, reset=True)
-            marks["cpu"], marks["wall"] = time.process_time(), time.perf_counter()
-        elif ev.kind == "level_end":
-            marks["cpu"], marks["wall"] = time.process_time() - marks["cpu"], time.perf_counter() - marks["wall"]
-
-    result = run_bench(url, settings, model=model, progress=progress)
-    return result.levels[0], marks["cpu"], marks["wall"], server_stats(url)
+from campaign.bench import run_bench
+from campaign.bench.testing import ScheduledServer, measured_level
+from campaign.records import BenchSettings
 
 
 def concurrency_level(

@@ -1,6 +1,6 @@
 """Our load generator and vLLM's bench client side by side, against one endpoint whose timing is known.
 
-Starts the scheduled endpoint (tests/fixtures/sse_server.py) once. At each concurrency it runs
+Starts the scheduled endpoint (campaign/bench/testing.py) once. At each concurrency it runs
 ``campaign.bench.run_bench`` and then ``vllm bench serve`` (backend ``openai-chat``, from a separate venv: see
 scripts/vllm_venv.sh) with the same load: the same number of requests at the same concurrency, all queued at once
 (``--request-rate inf``), one warm-up request per stream, random prompts of the same words and length, the same
@@ -29,13 +29,9 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench_client import measured_level, server_stats  # noqa: E402  (this folder is sys.path[0] when run as a script)
-
-from campaign.bench import _WORDS, BenchSettings  # noqa: E402
-from tests.fixtures.sse_server import MODEL_ID, ScheduledServer  # noqa: E402
+from campaign.bench import PROMPT_WORDS
+from campaign.bench.testing import MODEL_ID, ScheduledServer, endpoint_stats, measured_level
+from campaign.records import BenchSettings
 
 #: SSE events the endpoint sends per request besides the content tokens: role, finish, usage and [DONE].
 EXTRA_EVENTS = 4
@@ -206,7 +202,7 @@ def run_vllm(
     for line in proc.stdout:
         log.append(line)
         if line.startswith("Starting main benchmark run"):
-            server_stats(url, reset=True)
+            endpoint_stats(url, reset=True)
             marks["cpu0"], marks["wall0"] = _proc_cpu_s(proc.pid), time.perf_counter()
         elif "Serving Benchmark Result" in line and "cpu0" in marks:
             marks["cpu"] = _proc_cpu_s(proc.pid) - marks["cpu0"]
@@ -218,7 +214,7 @@ def run_vllm(
     if rc != 0 or not path.exists() or "cpu" not in marks:
         tail = "".join(log[-30:])
         raise RuntimeError(f"vllm bench serve failed (exit {rc}) at c={c}:\n{tail}")
-    srv = server_stats(url)
+    srv = endpoint_stats(url)
     d: dict[str, Any] = json.loads(path.read_text())
 
     def pick(metric: str) -> dict[str, Any]:
@@ -346,7 +342,7 @@ def main() -> int:
         work = Path(tmp)
         tokenizer = work / "tokenizer"
         subprocess.run(
-            [str(py), "-c", _TOKENIZER_CODE, str(tokenizer), json.dumps(list(_WORDS))], check=True, env=_env()
+            [str(py), "-c", _TOKENIZER_CODE, str(tokenizer), json.dumps(list(PROMPT_WORDS))], check=True, env=_env()
         )
         with ScheduledServer(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, spin=args.endpoint == "spin") as srv:
             for c in (int(x) for x in args.concurrency.split(",")):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the H200 machine: install the carried wheels, then run the GPU checks and benchmarks.
-# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [tune] [refserver] [train] [loop] [profile]
-# Results go under $OUT (or ./gpu-out when OUT is unset). Carry `.whl` with the call.
+# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [kernels-quick] [kernels-bench] [longctx-model] [diagnose] [tune] [refserver] [train] [loop] [sla] [ssh] [profile]
+# Results go under $OUT (or ./gpu-out when OUT is unset). Carry `.whl` (built by scripts/build_wheels.sh) with the call,
+# and `.deb` (scripts/build_debs.sh) for the `ssh` section.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -31,10 +32,33 @@ for s in "${sections[@]}"; do
     # benchmark with a small MMA sweep. KERNELS_BENCH_ARGS adds options (e.g. --skip indexer).
     kernels)   timeout 180 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider \
                  tests/test_kernels.py tests/test_kernels_indexer.py 2>&1 | tee "$OUT/kernels-tests.log" || rc=1
-               timeout 330 python3 -m kernels.bench --sweep ${KERNELS_BENCH_ARGS:-} --json "$OUT/kernels-bench.json" \
+               timeout 330 python3 -m mla_kernels.bench --sweep ${KERNELS_BENCH_ARGS:-} --json "$OUT/kernels-bench.json" \
                  2>&1 | tee "$OUT/kernels-bench.txt" || rc=1 ;;
-    # tune: the MMA decode sweep (kernels/tune.py; TUNE_ARGS adds options), then the decode GPU tests.
-    tune)      timeout 480 python3 -m kernels.tune --json "$OUT/tune.json" --budget-s "${TUNE_BUDGET_S:-360}" \
+    # kernels-quick (~2.5 minutes): GPU tests of the tiled SIMT kernel and the MMA V-split candidate at DeepSeek's
+    # shapes (H = 16 and 128, K = 2048); the benchmark at only the shapes the goals are judged at (H=16 B=32/128,
+    # H=128 B=32); the V-split candidate timed by the tune sweep (H=128, B=32 and 128); the benchmark's table last.
+    # kernels-bench: the --quick benchmark alone (its own correctness checks on every shape), no pytest, no sweep.
+    kernels-bench) timeout 150 python3 -m mla_kernels.bench --quick --json "$OUT/kernels-quick.json" \
+                     >"$OUT/kernels-quick.txt" 2>&1 || rc=1
+                   grep -E 'ceilings|FAIL|failed' "$OUT/kernels-quick.txt"; tail -17 "$OUT/kernels-quick.txt" ;;
+    # longctx-model: the long-context model widened to DeepSeek's MLA widths, made where it is used (85 MB).
+    longctx-model) timeout 120 python3 -m campaign.refserver.widening \
+                     --model-path campaign/refserver/weights/longctx.safetensors \
+                     --out campaign/refserver/weights/longctx-wide.safetensors 2>&1 | tail -3 || rc=1 ;;
+    # diagnose: the 200 MB log benchmark (issue 13: under 5 s and 200 MB each) on a quiet machine.
+    diagnose)      timeout 240 python3 scripts/bench_diagnose.py --out "$OUT/bench-diagnose.json" 2>&1 \
+                     | tee "$OUT/bench-diagnose.txt" | tail -8 || rc=1 ;;
+    kernels-quick)
+               timeout 75 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_kernels.py \
+                 -k "(gpu_backend_matches and simt-tiled and not server) or simt_tiled_configs or (cuda_graph and simt-tiled) or v_split" \
+                 2>&1 | tee "$OUT/kernels-quick-tests.log" | tail -5 || rc=1
+               timeout 150 python3 -m mla_kernels.bench --quick --json "$OUT/kernels-quick.json" \
+                 >"$OUT/kernels-quick.txt" 2>&1 || rc=1
+               timeout 60 python3 -m mla_kernels.tune --round 2 --only h128-vsplit-h64-n16-w4-s3 --budget-s 40 \
+                 --json "$OUT/kernels-quick-vsplit.json" 2>&1 | tee "$OUT/kernels-quick-vsplit.txt" | grep -E "vsplit|ERROR" || rc=1
+               grep -E 'ceilings|FAIL|failed' "$OUT/kernels-quick.txt"; tail -17 "$OUT/kernels-quick.txt" ;;
+    # tune: the MMA decode sweep (mla_kernels/tune.py; TUNE_ARGS adds options), then the decode GPU tests.
+    tune)      timeout 480 python3 -m mla_kernels.tune --json "$OUT/tune.json" --budget-s "${TUNE_BUDGET_S:-360}" \
                  ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.txt" || rc=1
                timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_kernels.py \
                  2>&1 | tee "$OUT/tune-tests.log" || rc=1 ;;
@@ -50,12 +74,58 @@ for s in "${sections[@]}"; do
                echo "campaign run exit $code"; [ "$code" -le 1 ] || rc=1
                python3 -m campaign.cli --runs-dir /tmp/campaign-runs show last >"$OUT/loop-show.txt" 2>&1
                tail -5 "$OUT/loop.err"; head -60 "$OUT/loop-show.txt" ;;
+    # sla: the SLA search inside the loop (configs/h200-sla.yaml): simt and mma, two launches each, the highest
+    # concurrency within TTFT p90 and TPOT p90; then the comparison of the two over their launches.
+    sla)       timeout 420 python3 -m campaign.cli --runs-dir /tmp/campaign-runs run configs/h200-sla.yaml --json \
+                 >"$OUT/sla.json" 2>"$OUT/sla.err"; code=$?
+               echo "campaign run exit $code"; [ "$code" -le 1 ] || rc=1
+               python3 -m campaign.cli --runs-dir /tmp/campaign-runs show last >"$OUT/sla-show.txt" 2>&1
+               python3 -m campaign.cli --runs-dir /tmp/campaign-runs compare last >"$OUT/sla-compare.txt" 2>&1
+               tail -5 "$OUT/sla.err"; head -80 "$OUT/sla-show.txt"; head -60 "$OUT/sla-compare.txt" ;;
+    # ssh: the campaign over SSH, not as a local host (configs/h200-ssh.yaml): scripts/device_sshd.sh unpacks the
+    # carried .deb/ under /tmp/campaign-sshd and starts an sshd on 127.0.0.1 (throwaway keys, the host key checked
+    # from its known_hosts); vars.python is this shell's python3 by its full path, since the login shell's rc files
+    # may put another first on the PATH. The run folder comes back as a tarball (it nests deeper than $OUT returns).
+    # SSH_SET: more --set overrides, one a line (the CPU rehearsal in docs/gpu.md uses it). Exit 1 = starved-kv failed.
+    ssh)       if bash scripts/device_sshd.sh start >"$OUT/ssh-sshd.log" 2>&1; then
+                 cat "$OUT/ssh-sshd.log"
+                 sets=(--set "vars.python=$(command -v python3)")
+                 while IFS= read -r line; do [ -z "$line" ] || sets+=(--set "$line"); done <<<"${SSH_SET:-}"
+                 timeout "${SSH_TIMEOUT_S:-420}" python3 -m campaign.cli --runs-dir /tmp/campaign-runs-ssh run \
+                   "${SSH_CONFIG:-configs/h200-ssh.yaml}" \
+                   "${sets[@]}" --json >"$OUT/ssh.json" 2>"$OUT/ssh.err"; code=$?
+                 echo "campaign run exit $code"; [ "$code" -le 1 ] || rc=1
+                 python3 -m campaign.cli --runs-dir /tmp/campaign-runs-ssh show last >"$OUT/ssh-show.txt" 2>&1
+                 run_id=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["run_id"])' "$OUT/ssh.json" \
+                   2>/dev/null) && tar czf "$OUT/ssh-run.tgz" -C /tmp/campaign-runs-ssh "$run_id"
+                 bash scripts/device_sshd.sh stop || rc=1
+                 { echo "--- sshd's own log"; cat /tmp/campaign-sshd/sshd.log; } >>"$OUT/ssh-sshd.log"
+                 tail -5 "$OUT/ssh.err"; head -40 "$OUT/ssh-show.txt"
+                 echo "--- summary (ssh): campaign exit $code; sshd accepted $(grep -c 'Accepted publickey' \
+                   /tmp/campaign-sshd/sshd.log) key logins; host key checked against /tmp/campaign-sshd/known_hosts"
+                 python3 - "$OUT/ssh.json" <<'PY' || echo "no report (see ssh.err)"
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"run {d['run_id']} on {d['host']}: {d['status']}")
+for a in d["attempts"]:
+    levels = (a.get("bench") or {}).get("levels") or []
+    tput = " ".join(f"{lv['label']}={lv['output_throughput']:.0f}tok/s" for lv in levels)
+    ready = (a.get("timings") or {}).get("launch_to_ready_s")
+    why = f" {a['failed_phase']}/{(a.get('diagnosis') or {}).get('kind')}" if a["outcome"] != "passed" else ""
+    print(f"  #{a['index']} {a['variant']} ({a['role']}): {a['outcome']}{why} ready={ready} {tput}")
+for r in d.get("attribution") or []:
+    print("  attribution:", r["statement"])
+print("  final:", d["final"]["detail"])
+PY
+               else
+                 cat "$OUT/ssh-sshd.log"; echo "--- summary (ssh): the sshd did not start (above); no campaign ran"; rc=1
+               fi ;;
     # profile: Nsight Compute on one steady call of the H=16, B=32 MMA split kernel (when ncu is installed).
     profile)   ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
                if [ -z "$ncu_bin" ]; then echo "no ncu on this machine" | tee "$OUT/ncu.txt"
                else timeout 150 "$ncu_bin" --kernel-name regex:_mma_decode_kernel --launch-skip 3 --launch-count 1 \
                       --set full python3 scripts/ncu_mma.py >"$OUT/ncu.txt" 2>&1 || rc=1; tail -150 "$OUT/ncu.txt"; fi ;;
-    *) echo "unknown section: $s (kernels, tune, refserver, train, loop, profile)"; rc=2 ;;
+    *) echo "unknown section: $s (kernels, kernels-quick, tune, refserver, train, loop, sla, ssh, profile)"; rc=2 ;;
   esac
 done
 exit $rc

@@ -5,7 +5,7 @@ one variant that dies at start (CUDA graphs without a GPU). The figures are the 
 each attempt: launch_to_ready_s, ready_detect_lag_s (ready line written -> readiness acted on), death_detect_lag_s
 (server exit -> noticed), stop_s and smoke_s. Prints a table of medians, p90 and max; writes JSON.
 
-    .venv/bin/python scripts/loop_lag.py --repeats 6 --json docs/loop-lag.json
+    .venv/bin/python scripts/loop_lag.py --repeats 6 --json docs/results/2026-12-02-dev-vm/loop-lag.json
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from campaign.hosts.ssh.testing import start_test_sshd
 
-from tests.fixtures.sshd import start_test_sshd  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 METRICS = ("launch_to_ready_s", "ready_detect_lag_s", "death_detect_lag_s", "stop_s", "smoke_s")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import sparse_mla_decode
-from kernels.cases import decode_case
+from mla_kernels import sparse_mla_decode
+from mla_kernels.cases import decode_case
 
 
 def main() -> None:

@@ -9,9 +9,10 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from campaign.bench import BenchEvent, BenchResult, BenchSettings, LatencyStats, make_prompts, percentile, run_bench
+from campaign.bench import make_prompts, run_bench
+from campaign.bench.testing import ScheduledServer
 from campaign.errors import BenchError
-from tests.fixtures.sse_server import ScheduledServer
+from campaign.records import BenchEvent, BenchResult, BenchSettings, LatencyStats, percentile
 
 TTFT_MS = 40.0
 ITL_MS = 10.0
@@ -80,18 +81,36 @@ def test_spinning_endpoint_keeps_the_same_schedule() -> None:
     assert result.passed and (lv.successful, lv.output_tokens) == (8, 8 * TOKENS)
     assert TTFT_MS <= lv.ttft.median < TTFT_MS + 25  # type: ignore[operator]
     assert ITL_MS - 3 < lv.itl.median < ITL_MS + 5  # type: ignore[operator]
-    assert stats["requests"] == 8 and stats["chunk_late"]["count"] == 8 * TOKENS
+    # The 8 measured requests and the bench's first test request.
+    assert stats["requests"] == 9 and stats["chunk_late"]["count"] == 9 * TOKENS
 
 
 def test_error_event_mid_stream_under_http_200_fails_the_level() -> None:
-    with ScheduledServer(ttft_ms=5, itl_ms=2, tokens=6, fail_mode="error_event", fail_after=3) as srv:
+    with ScheduledServer(ttft_ms=5, itl_ms=2, tokens=6, fail_mode="error_event", fail_every=2, fail_after=3) as srv:
         result = run_bench(srv.url, BenchSettings(concurrency=[4], requests=8, warmup=0))
     (lv,) = result.levels
     assert not result.passed and not lv.passed
-    assert (lv.successful, lv.failed, lv.incomplete) == (0, 8, 0)
-    assert lv.errors == {"stream_error:internal_error": 8}
+    assert (lv.successful, lv.failed, lv.incomplete) == (4, 4, 0)
+    assert lv.errors == {"stream_error:internal_error": 4}
     assert "mid-stream" in lv.error_examples["stream_error:internal_error"]
-    assert lv.ttft.count == 0 and lv.output_throughput == 0
+    assert lv.ttft.count == 4
+
+
+@pytest.mark.parametrize(
+    ("mode", "error", "message"),
+    [
+        ("error_event", "stream_error:internal_error", "scheduled failure mid-stream"),
+        ("http_500", "http_500", "scheduled failure"),
+        ("no_finish", "incomplete:no_finish_reason", "the stream ended without a finish_reason"),
+    ],
+)
+def test_a_server_that_cannot_serve_is_sent_one_request(mode: str, error: str, message: str) -> None:
+    # Every request fails: the bench stops after its first test request, naming the server's own message.
+    with ScheduledServer(ttft_ms=2, itl_ms=1, tokens=4, fail_mode=mode) as srv:
+        with pytest.raises(BenchError, match=f"first request .*failed \\({error}\\): {message}") as info:
+            run_bench(srv.url, BenchSettings(concurrency=[8, 32], requests=400, warmup=2))
+        assert httpx.get(srv.url + "/stats").json()["requests"] == 1
+    assert "no load was sent" in info.value.message
 
 
 def test_some_errors_are_counted_and_judged_by_the_threshold() -> None:
@@ -116,19 +135,22 @@ def test_some_errors_are_counted_and_judged_by_the_threshold() -> None:
     ],
 )
 def test_fault_kinds_are_grouped_by_type(mode: str, key: str, failed: int, incomplete: int) -> None:
-    with ScheduledServer(ttft_ms=2, itl_ms=1, tokens=5, fail_mode=mode) as srv:
-        result = run_bench(srv.url, BenchSettings(concurrency=[3], requests=6, warmup=0))
+    # Every other request fails (the first test request, request 1, passes).
+    with ScheduledServer(ttft_ms=2, itl_ms=1, tokens=5, fail_mode=mode, fail_every=2) as srv:
+        result = run_bench(srv.url, BenchSettings(concurrency=[3], requests=12, warmup=0))
     (lv,) = result.levels
-    assert (lv.failed, lv.incomplete, lv.successful) == (failed, incomplete, 0)
+    assert (lv.failed, lv.incomplete, lv.successful) == (failed, incomplete, 6)
     assert lv.errors == {key: 6}
     assert not result.passed
 
 
-def test_timeout_counts_as_failed() -> None:
-    with ScheduledServer(ttft_ms=2000, itl_ms=1, tokens=2) as srv:
-        result = run_bench(srv.url, BenchSettings(concurrency=[2], requests=2, warmup=0, timeout_s=0.3))
-    (lv,) = result.levels
-    assert lv.errors == {"timeout": 2} and not result.passed
+def test_timeout_of_the_first_request_stops_the_bench() -> None:
+    with (
+        ScheduledServer(ttft_ms=2000, itl_ms=1, tokens=2) as srv,
+        pytest.raises(BenchError, match=r"\(timeout\): no complete response within 0.3 s") as info,
+    ):
+        run_bench(srv.url, BenchSettings(concurrency=[2], requests=2, warmup=0, timeout_s=0.3))
+    assert "timeout_s" in (info.value.hint or "")
 
 
 def test_unreachable_server_is_a_bench_error() -> None:
@@ -174,3 +196,16 @@ def test_percentiles_interpolate_like_numpy() -> None:
     stats = LatencyStats.of([0.001, 0.002, 0.003])
     assert (stats.count, stats.mean, stats.median, stats.min, stats.max) == (3, pytest.approx(2.0), 2.0, 1.0, 3.0)
     assert LatencyStats.of([]).median is None
+
+
+def test_a_level_with_fewer_requests_than_its_concurrency_is_refused() -> None:
+    """c=256 with 64 requests never has 256 in flight: the plan is refused with what to set, not run mislabelled."""
+    plan = {"plan": True}
+    with pytest.raises(ValueError, match="concurrency 256 with requests 64 never has more than 64 in flight"):
+        BenchSettings.model_validate({"concurrency": [4, 256], "requests": 64}, context=plan)
+    sla = {"requests": 32, "sla": {"slo": {"ttft.p90": 50}, "low": 1, "high": 128}}
+    with pytest.raises(ValueError, match="set requests to at least 128"):
+        BenchSettings.model_validate(sla, context=plan)
+    assert BenchSettings.model_validate({"concurrency": [4, 64], "requests": 64}, context=plan).concurrency == [4, 64]
+    # A stored result is read back whatever its plan was: no data is lost to a newer rule.
+    assert BenchSettings.model_validate(sla).requests == 32

@@ -14,8 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from campaign.bench import BenchResult, BenchSettings, run_bench
-from campaign.gates import Gate, check_gates
+from campaign.bench import run_bench
+from campaign.errors import BenchError
+from campaign.gates import check_gates
+from campaign.records import BenchResult, BenchSettings, Gate, RequestRow
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,11 +92,24 @@ def test_sweep_against_the_reference_server_yields_every_metric(refserver: str) 
     assert BenchResult.model_validate(result.model_dump()) == result
 
 
-def test_requests_the_server_refuses_are_counted_and_fail_the_level(refserver: str) -> None:
-    # Random prompts of 200 words are far past the reference model's context: each gets an HTTP 400.
-    settings = BenchSettings(concurrency=[2], requests=4, warmup=0, prompts="random", input_len=200, output_len=8)
-    result = run_bench(refserver, settings)
+def test_a_server_that_refuses_every_request_is_sent_one(refserver: str) -> None:
+    # Random prompts of 200 tokens are far past the reference model's context: it answers HTTP 400, and the bench
+    # stops after its first test request with the server's own words instead of sending all 400 requests.
+    settings = BenchSettings(concurrency=[2], requests=400, warmup=0, prompts="random", input_len=200, output_len=8)
+    with pytest.raises(BenchError, match=r"first request .* failed \(http_400\): .*context") as info:
+        run_bench(refserver, settings)
+    assert "no load was sent" in info.value.message and "--max-tokens" in (info.value.hint or "")
+
+
+def test_completions_with_token_exact_prompts_and_ignore_eos(refserver: str) -> None:
+    rows: list[RequestRow] = []
+    settings = BenchSettings(
+        concurrency=[2], requests=4, warmup=0, endpoint="completions", prompts="random", input_len=30, output_len=6
+    )
+    result = run_bench(refserver, settings, on_request=rows.append)
     (lv,) = result.levels
-    assert not result.passed
-    assert lv.errors == {"http_400": 4} and lv.successful == 0
-    assert lv.error_examples["http_400"]  # the server's own message is kept
+    assert result.passed and result.input_lengths == "tokenize"
+    # The server's own usage counts exactly input_len prompt tokens, and ignore_eos gives exactly output_len.
+    assert [(r.prompt_tokens, r.output_tokens) for r in rows] == [(30, 6)] * 4
+    assert lv.input_tokens == 4 * 30 and lv.output_tokens == 4 * 6
+    assert lv.total_throughput == pytest.approx(lv.input_throughput + lv.output_throughput)

@@ -1,24 +1,29 @@
-"""Comparing stored runs: real bench results from the scheduled endpoint, written to disk and read back."""
+"""Comparing stored runs: real bench results from the scheduled endpoint, written to disk and read back; the
+statistics against values worked out by hand or read from tables."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from campaign.bench import BenchResult, BenchSettings, run_bench
-from campaign.compare import Comparison, Section, compare, to_csv, to_json, to_markdown, welch_p_value
+from campaign.bench import run_bench
+from campaign.bench.testing import ScheduledServer
+from campaign.compare import compare
+from campaign.comparison import Comparison, MetricCell, Section, to_csv, to_json, to_markdown
 from campaign.console.compare import render_comparison
-from campaign.errors import StoreError
+from campaign.errors import StoreError, UsageError
 from campaign.plot import plot
-from campaign.records import Attempt, Diagnosis, LaunchSpec, Restore, RunReport
-from tests.fixtures.sse_server import ScheduledServer
+from campaign.records import METRICS, Attempt, BenchResult, BenchSettings, Diagnosis, LaunchSpec, Restore, RunReport
+from campaign.statistics import adjust, benjamini_hochberg, holm, ratio_interval, t_quantile, welch_p_value
 
-SETTINGS = BenchSettings(concurrency=[1, 4], requests=8, warmup=1, repeats=3)
+SETTINGS = BenchSettings(concurrency=[1, 4], requests=6, warmup=1, repeats=2, launches=4)
+LAUNCHES = 4
 
 
 def _spec(itl: float) -> LaunchSpec:
@@ -32,58 +37,71 @@ def _spec(itl: float) -> LaunchSpec:
     )
 
 
-def _attempt(index: int, variant: str, itl: float, bench: BenchResult | None, **kw: object) -> Attempt:
-    return Attempt(
-        index=index,
-        variant=variant,
-        knobs={"attention": "mma" if itl < 5 else "torch"},
-        spec=_spec(itl),
-        outcome="passed" if bench else "failed",
-        bench=bench.model_dump() if bench else None,
+def _launches(first: int, variant: str, itl: float, benches: list[BenchResult]) -> list[Attempt]:
+    """A variant's attempt and its relaunches, one bench each, as a ``bench.launches`` run records them."""
+    return [
+        Attempt(
+            index=first + i,
+            variant=variant,
+            role="variant" if i == 0 else "relaunch",
+            launch=i,
+            knobs={"attention": "mma" if itl < 5 else "torch"},
+            spec=_spec(itl),
+            outcome="passed",
+            bench=b,
+        )
+        for i, b in enumerate(benches)
+    ]
+
+
+def _report(run_id: str, attempts: list[Attempt], kernel_hash: str, **kw: object) -> RunReport:
+    return RunReport(
+        run_id=run_id,
+        experiment="quickstart",
+        host="local",
+        recipe="refserver",
+        started_at="2026-12-02T10:00:00Z",
+        attempts=attempts,
+        environment={"gpu": "none", "driver": "-", "server_version": "0.1.0", "kernel_hash": kernel_hash},
         **kw,  # type: ignore[arg-type]
     )
 
 
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory: pytest.TempPathFactory) -> list[RunReport]:
-    """Two runs written as report.json files and loaded back, as the store would hand them over."""
+    """Three runs written as report.json files and loaded back, as the store would hand them over.
+
+    run-a: the baseline (ITL 8 ms); run-b: ``mma`` (ITL 3 ms, a real difference) and a variant that failed;
+    run-c: run-a again (an A/A pair with it). Each benched variant has four launches, each its own bench.
+    """
     with (
         ScheduledServer(ttft_ms=10, itl_ms=8, tokens=8) as slow,
         ScheduledServer(ttft_ms=10, itl_ms=3, tokens=8) as fast,
     ):
-        base = run_bench(slow.url, SETTINGS)
-        better = run_bench(fast.url, SETTINGS)
-    run_a = RunReport(
-        run_id="run-a",
-        experiment="quickstart",
-        host="local",
-        recipe="refserver",
-        started_at="2026-12-02T10:00:00Z",
-        attempts=[_attempt(0, "baseline", 8, base)],
-        environment={"gpu": "none", "driver": "-", "server_version": "0.1.0", "kernel_hash": "aaaa"},
+        base = [run_bench(slow.url, SETTINGS) for _ in range(LAUNCHES)]
+        again = [run_bench(slow.url, SETTINGS) for _ in range(LAUNCHES)]
+        better = [run_bench(fast.url, SETTINGS) for _ in range(LAUNCHES)]
+    failed = Attempt(
+        index=LAUNCHES,
+        variant="graphs",
+        knobs={"attention": "torch"},
+        spec=_spec(8),
+        outcome="failed",
+        failed_phase="cuda_graph",
+        diagnosis=Diagnosis(kind="stream_capture_isolation", hint="disable cuda graphs"),
     )
-    run_b = RunReport(
-        run_id="run-b",
-        experiment="quickstart",
-        host="local",
-        recipe="refserver",
-        started_at="2026-12-02T11:00:00Z",
-        attempts=[
-            _attempt(0, "mma", 3, better),
-            _attempt(
-                1,
-                "graphs",
-                8,
-                None,
-                failed_phase="cuda_graph",
-                diagnosis=Diagnosis(kind="stream_capture_isolation", hint="disable cuda graphs"),
-            ),
-        ],
-        restores=[Restore(outcome="restored", variant="baseline", attempt=1)],
-        environment={"gpu": "none", "driver": "-", "server_version": "0.1.0", "kernel_hash": "bbbb"},
-    )
+    reports = [
+        _report("run-a", _launches(0, "baseline", 8, base), "aaaa"),
+        _report(
+            "run-b",
+            [*_launches(0, "mma", 3, better), failed],
+            "bbbb",
+            restores=[Restore(outcome="restored", variant="baseline", attempt=LAUNCHES)],
+        ),
+        _report("run-c", _launches(0, "baseline", 8, again), "aaaa"),
+    ]
     loaded = []
-    for report in (run_a, run_b):
+    for report in reports:
         folder = tmp_path_factory.mktemp(report.run_id)
         (folder / "report.json").write_text(report.model_dump_json(indent=2))
         loaded.append(RunReport.model_validate_json((folder / "report.json").read_text()))
@@ -101,36 +119,26 @@ def _parse_markdown(text: str) -> list[Section]:
     return sections
 
 
-def _parse_csv(text: str) -> list[Section]:
-    sections: list[Section] = []
-    rows = list(csv.reader(io.StringIO(text)))
-    current: list[list[str]] = []
-    for row in [*rows, []]:
-        if row:
-            current.append(row)
-            continue
-        if current:
-            title = current[0][0]
-            sections.append(Section(title=title, header=current[0][1:], rows=[r[1:] for r in current[1:]]))
-            current = []
-    return sections
-
-
 def _rich_rows(c: Comparison) -> list[list[str]]:
-    console = Console(record=True, width=400, force_terminal=False, color_system=None)
+    console = Console(record=True, width=700, force_terminal=False, color_system=None)
     render_comparison(console, c)
     text = console.export_text()
     lines = [ln.replace("┃", "│") for ln in text.splitlines()]  # header cells are drawn with heavy bars
     return [[cell.strip() for cell in ln.strip().strip("│").split("│")] for ln in lines if "│" in ln]
 
 
+def _cells(c: Comparison, column: str) -> dict[tuple[str, str], MetricCell]:
+    i = [col.key for col in c.columns].index(column)
+    return {(m.level, m.metric): m.cells[i] for m in c.metrics}
+
+
 def test_every_format_renders_the_same_cells(stored: list[RunReport]) -> None:
     c = compare(stored)
     sections = c.sections()
-    assert [s.title for s in sections] == ["Variants", "Configuration (differences)", "Environment", "Metrics"]
+    assert [s.title for s in sections][:3] == ["Variants", "Configuration (differences)", "Environment"]
+    assert sections[3].title.startswith("Metrics") and "Holm" in sections[3].title
 
     assert _parse_markdown(to_markdown(c)) == [s for s in sections if s.rows]
-    assert _parse_csv(to_csv(c)) == [s for s in sections if s.rows]
     doc = json.loads(to_json(c))
     assert [Section.model_validate(t) for t in doc["tables"]] == sections
     rich_rows = _rich_rows(c)
@@ -142,7 +150,8 @@ def test_every_format_renders_the_same_cells(stored: list[RunReport]) -> None:
 
 def test_comparison_content(stored: list[RunReport]) -> None:
     c = compare(stored)
-    assert [col.key for col in c.columns] == ["run-a/baseline", "run-b/mma", "run-b/graphs"]
+    assert [col.key for col in c.columns] == ["run-a/baseline", "run-b/mma", "run-b/graphs", "run-c/baseline"]
+    assert [col.launches for col in c.columns] == [LAUNCHES, LAUNCHES, 0, LAUNCHES]
     failed = c.columns[2]
     assert (failed.outcome, failed.failure_kind, failed.restore, failed.failed_phase) == (
         "failed",
@@ -157,48 +166,136 @@ def test_comparison_content(stored: list[RunReport]) -> None:
     assert all("hf_secret_value" not in v for r in c.config for v in r.values if v)
     assert all("hf_secret_value" not in v for r in compare(stored, all_fields=True).config for v in r.values if v)
     full = {r.field for r in compare(stored, all_fields=True).config}
-    assert {"spec.port", "recipe", "spec.env.HF_TOKEN", "bench.requests"} <= full
+    assert {"spec.port", "recipe", "spec.env.HF_TOKEN", "bench.requests", "bench.launches"} <= full
     env = {r.field: r for r in c.environment}
     assert env["kernel_hash"].differs and not env["gpu"].differs and not env["host"].differs
-    # Raw values in the JSON are the stored bench numbers.
-    base = BenchResult.model_validate(stored[0].attempts[0].bench)
+    # A cell's value is the mean over launches of each launch's repeats averaged, from the stored numbers.
+    per_launch = []
+    for a in stored[0].attempts:
+        level = BenchResult.model_validate(a.bench).level(concurrency=4)
+        assert level is not None
+        per_launch.append(sum(r.metrics["output_throughput"] or 0.0 for r in level.repeats) / len(level.repeats))
     doc = json.loads(to_json(c))
     row = next(m for m in doc["metrics"] if m["level"] == "c=4" and m["metric"] == "output_throughput")
-    assert row["cells"][0]["value"] == base.level(concurrency=4).output_throughput  # type: ignore[union-attr]
+    assert row["unit"] == "tok/s" and row["key"] == "output_throughput_tok_s"
+    assert row["cells"][0]["samples"] == pytest.approx(per_launch)
+    assert row["cells"][0]["value"] == pytest.approx(sum(per_launch) / LAUNCHES)
     assert row["cells"][0]["verdict"] == "baseline" and row["cells"][2]["verdict"] == "n/a"
+    # Units are in the plot series' keys.
+    assert set(doc["series"][0]["points"][0]["values"]) == {
+        "output_throughput_tok_s",
+        "ttft_median_ms",
+        "tpot_median_ms",
+        "e2e_p90_ms",
+    }
 
 
-def test_a_real_difference_is_significant_and_has_a_ratio(stored: list[RunReport]) -> None:
+def test_columns_are_paired_by_name_or_with_the_given_baseline(stored: list[RunReport]) -> None:
     c = compare(stored)
-    cells = {(m.level, m.metric): m.cells[1] for m in c.metrics}
+    # run-c's baseline is compared with run-a's; run-b's mma has no namesake in run-a: the first column.
+    assert [col.reference for col in c.columns] == [None, "run-a/baseline", "run-a/baseline", "run-a/baseline"]
+    by_mma = compare(stored, baseline=("run-b", "mma"))
+    assert [col.reference for col in by_mma.columns] == ["run-b/mma", None, "run-b/mma", "run-b/mma"]
+    assert "run-a/baseline vs run-b/mma" in by_mma.sections()[3].header
+    with pytest.raises(UsageError, match="run-b:nope"):
+        compare(stored, baseline=("run-b", "nope"))
+
+
+def test_a_real_difference_is_significant_with_its_interval(stored: list[RunReport]) -> None:
+    c = compare(stored)
+    cells = _cells(c, "run-b/mma")
     tput = cells[("c=1", "output_throughput")]
-    # ITL 3 ms instead of 8 ms: about twice the tokens per second, far outside the noise of three repeats.
-    assert tput.verdict == "significant" and tput.p_value is not None and tput.p_value < 0.01
+    # ITL 3 ms instead of 8 ms: about twice the tokens per second, far outside the launch-to-launch noise.
+    assert tput.verdict == "significant" and tput.direction == "better"
+    assert tput.p_adjusted is not None and tput.p_value is not None and tput.p_adjusted < 0.05
     assert 1.6 < tput.ratio < 3.0  # type: ignore[operator]
+    assert 1.0 < tput.ci_low < tput.ratio < tput.ci_high  # type: ignore[operator]
     itl = cells[("c=1", "itl.median")]
-    assert itl.verdict == "significant" and itl.ratio < 0.6  # type: ignore[operator]
+    assert itl.verdict == "significant" and itl.direction == "better" and itl.ratio < 0.6  # type: ignore[operator]
+    text = to_markdown(c)
+    assert f"better {tput.ratio:.3f}x (p=" in text
+    # Worse is marked by the metric's direction too: the baseline against mma.
+    flipped = _cells(compare(stored, baseline=("run-b", "mma")), "run-a/baseline")
+    assert flipped[("c=1", "output_throughput")].direction == "worse"
+    assert flipped[("c=1", "itl.median")].direction == "worse"
+    # The terminal colours them: green for better, red for worse.
+    console = Console(record=True, width=700, force_terminal=True, color_system="standard")
+    render_comparison(console, c)
+    styled = console.export_text(styles=True)
+    assert "\x1b[1;32mbetter" in styled
 
 
-def test_single_repeats_are_marked_untested(stored: list[RunReport]) -> None:
-    one = [r.model_copy(deep=True) for r in stored]
-    for r in one:
-        for a in r.attempts:
-            if a.bench:
-                for lv in a.bench["levels"]:
-                    lv["repeats"] = lv["repeats"][:1]
+def test_the_same_configuration_twice_is_not_significant(stored: list[RunReport]) -> None:
+    c = compare(stored)
+    aa = _cells(c, "run-c/baseline")
+    tested = [cell for cell in aa.values() if cell.p_value is not None]
+    assert len(tested) >= 12
+    assert all(cell.verdict == "not significant" for cell in tested), [
+        (k, cell.p_value) for k, cell in aa.items() if cell.verdict == "significant"
+    ]
+    # No errors anywhere: the error rate is equal, not tested (no p-value, not counted in the correction).
+    rate = aa[("c=1", "error_rate")]
+    assert rate.verdict == "equal" and rate.p_value is None
+    text = to_markdown(c)
+    assert "not significant (p=" in text
+
+
+def test_single_launches_are_marked_untested(stored: list[RunReport]) -> None:
+    one = [r.model_copy(update={"attempts": [a for a in r.attempts if a.role != "relaunch"]}) for r in stored]
     c = compare(one)
-    cell = next(m.cells[1] for m in c.metrics if m.metric == "output_throughput")
-    assert cell.verdict == "untested" and cell.ratio is not None
-    assert "untested" in to_markdown(c)
+    cell = _cells(c, "run-b/mma")[("c=1", "output_throughput")]
+    assert cell.verdict == "untested" and cell.ratio is not None and cell.p_value is None
+    assert "untested (needs 2+ launches a side)" in to_markdown(c)
 
 
-def test_welch_p_value() -> None:
+def test_long_format_csv(stored: list[RunReport]) -> None:
+    rows = list(csv.DictReader(io.StringIO(to_csv(compare(stored)))))
+    header = ["run", "variant", "launch", "repeat", "level", "concurrency", "request_rate", "metric", "unit", "value"]
+    assert list(rows[0]) == header
+    # One observation a row: 3 benched columns x 4 launches x 2 levels x 2 repeats x every metric.
+    assert len(rows) == 3 * LAUNCHES * 2 * SETTINGS.repeats * len(METRICS)
+    assert {(r["run"], r["variant"]) for r in rows} == {("run-a", "baseline"), ("run-b", "mma"), ("run-c", "baseline")}
+    assert {r["launch"] for r in rows} == {str(i) for i in range(LAUNCHES)}
+    assert {r["repeat"] for r in rows} == {"0", "1"}
+    tput = [r for r in rows if r["metric"] == "output_throughput"]
+    assert {r["unit"] for r in tput} == {"tok/s"} and all(float(r["value"]) > 0 for r in tput)
+    assert {int(r["concurrency"]) for r in tput} == {1, 4} and {r["request_rate"] for r in tput} == {""}
+
+
+def test_holm_and_benjamini_hochberg() -> None:
+    p = [0.01, 0.04, 0.03, 0.005]
+    # Holm: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.06 at the end.
+    assert holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # BH: p * 4 / rank = 0.02, 0.02, 0.04, 0.04 (ranks 1..4), running min from the largest down.
+    assert benjamini_hochberg(p) == pytest.approx([0.02, 0.04, 0.04, 0.02])
+    assert adjust(p, "none") == p
+    assert holm([0.5]) == [0.5] and holm([]) == []
+    assert max(holm([0.4, 0.6, 0.9])) <= 1.0
+
+
+def test_t_quantiles_and_welch() -> None:
+    # Student's t table, 97.5th percentiles.
+    for df, t in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (1000, 1.9623)):
+        assert t_quantile(0.975, df) == pytest.approx(t, abs=1e-4)
     # t = -2 with 8 degrees of freedom: two-sided p = 0.0805 (Student's t table).
     assert welch_p_value([1, 2, 3, 4, 5], [3, 4, 5, 6, 7]) == pytest.approx(0.0805, abs=1e-4)
     assert welch_p_value([10.0, 10.2, 9.9], [10.1, 9.8, 10.05]) > 0.05
     assert welch_p_value([1.0, 1.0], [1.0, 1.0]) == 1.0
     with pytest.raises(ValueError):
         welch_p_value([1.0], [1.0, 2.0])
+
+
+def test_ratio_interval_by_hand() -> None:
+    a, b = [10.0, 12.0, 11.0], [5.0, 6.0, 5.5]
+    # mean 11 and 5.5, variance 1 and 0.25: each side's squared relative standard error is 1/363, so the
+    # Welch-Satterthwaite df is exactly 4 (t = 2.776445) and se(log ratio) = sqrt(2/363).
+    half = 2.776445 * math.sqrt(2 / 363)
+    r = ratio_interval(a, b)
+    assert r is not None
+    assert r.ratio == pytest.approx(2.0)
+    assert (r.low, r.high) == pytest.approx((2 * math.exp(-half), 2 * math.exp(half)), rel=1e-6)
+    assert (r.low, r.high) == pytest.approx((1.6275, 2.4577), abs=1e-3)
+    assert ratio_interval([1.0], [1.0, 2.0]) is None and ratio_interval([0.0, 0.0], [1.0, 2.0]) is None
 
 
 def test_plot_is_written(stored: list[RunReport], tmp_path: Path) -> None:
@@ -213,3 +310,25 @@ def test_nothing_to_compare_is_a_store_error(stored: list[RunReport]) -> None:
     empty = stored[0].model_copy(update={"attempts": []})
     with pytest.raises(StoreError, match="no variant attempts"):
         compare([empty])
+
+
+def test_a_small_real_difference_is_negligible_under_the_minimum_effect(tmp_path: Path) -> None:
+    # ITL 8.3 ms against 8 ms: a real, steady 4% difference that four launches a side resolve, below the 5% default.
+    one_level = BenchSettings(concurrency=[1], requests=6, warmup=1, repeats=2, launches=LAUNCHES)
+    with (
+        ScheduledServer(ttft_ms=10, itl_ms=8, tokens=8) as base,
+        ScheduledServer(ttft_ms=10, itl_ms=8.3, tokens=8) as slower,
+    ):
+        a = [run_bench(base.url, one_level) for _ in range(LAUNCHES)]
+        b = [run_bench(slower.url, one_level) for _ in range(LAUNCHES)]
+    reports = [
+        _report("run-a", _launches(0, "baseline", 8, a), "aaaa"),
+        _report("run-b", _launches(0, "x", 8, b), "aaaa"),
+    ]
+    default = _cells(compare(reports), "run-b/x")[("c=1", "itl.median")]
+    assert default.verdict == "negligible" and default.direction is None
+    assert 1.0 < default.ratio < 1.05 and default.p_adjusted is not None and default.p_adjusted < 0.05  # type: ignore[operator]
+    assert "negligible (under the minimum effect; p=" in to_markdown(compare(reports))
+    # With no threshold the same cell is a finding: slower ITL is worse.
+    strict = _cells(compare(reports, min_effect=0.0), "run-b/x")[("c=1", "itl.median")]
+    assert strict.verdict == "significant" and strict.direction == "worse"

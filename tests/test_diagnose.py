@@ -16,12 +16,25 @@ from campaign.records import SmokeCheck, SmokeResult, Timings
 DATA = Path(__file__).parent / "data"
 REAL = [json.loads(line) for line in (DATA / "real-failures.jsonl").read_text().splitlines() if line.strip()]
 VARIANTS = sorted((DATA / "variants").glob("*.log"))
+CORPUS = [json.loads(line) for line in (DATA / "corpus" / "excerpts.jsonl").read_text().splitlines() if line.strip()]
 #: Excerpts whose label the excerpt itself cannot show (the cause is only in the thread's title).
 KNOWN_MISSES = {
     "kt-784-capture-invalidated-local-chat": "the excerpt is a bare Python traceback through fire/local_chat; "
     "the capture error is only in the thread title",
 }
+#: Excerpts that show no failure and no readiness: the label comes from the thread (its title, a later comment), so
+#: the log alone is inconclusive, and saying so is right (guessing would be wrong on the next such log).
+KNOWN_INCONCLUSIVE = {
+    "sgl-pr11275-capture-hang-custom-ar": "the capture hangs at 0/52; no error is printed",
+    "kt-1885-sglang-kt-capture-assertion": "cut inside capture; the assertion is only in the thread title",
+    "vllm-15598-oom-during-cudagraph-capture-ray": "ends at 'Capturing cudagraphs'; the OOM is in the thread title",
+    "sgl-744-warmup-failed-after-uvicorn-up": "ends at uvicorn's start; the warm-up error is in the thread title",
+}
 LAUNCH_LOGS = [r for r in REAL if r["category"] != "wrong_output"]
+
+
+def _expected(record: dict[str, str]) -> str:
+    return "inconclusive" if record["id"] in KNOWN_INCONCLUSIVE else record["category"]
 
 
 def _by_id(excerpt_id: str) -> dict[str, str]:
@@ -37,12 +50,12 @@ def test_real_excerpt_gets_its_label(record: dict[str, str]) -> None:
     if record["id"] in KNOWN_MISSES:
         pytest.xfail(KNOWN_MISSES[record["id"]])
     d = diagnose(record["excerpt"])
-    assert d.kind == record["category"], d.summary
+    assert d.kind == _expected(record), d.summary
 
 
 def test_real_excerpts_score_at_least_90_percent_and_no_healthy_log_is_a_failure() -> None:
     results = [(r["category"], diagnose(r["excerpt"]).kind) for r in LAUNCH_LOGS]
-    right = sum(1 for want, got in results if want == got)
+    right = sum(1 for (want, got), r in zip(results, LAUNCH_LOGS, strict=True) if got in (want, _expected(r)))
     assert right / len(results) >= 0.9
     assert all(got == "healthy" for want, got in results if want == "healthy")
     # The converse matters as much: a real failure is never waved through as healthy.
@@ -56,7 +69,7 @@ def test_variant_log_gets_its_label(path: Path) -> None:
 
 
 def test_every_rule_has_an_example_in_the_tests_that_it_explains() -> None:
-    real = {r["id"]: r["excerpt"] for r in REAL}
+    real = {r["id"]: r["excerpt"] for r in REAL + CORPUS}
     variants = {p.name.split("--", 1)[1].removesuffix(".log"): p.read_text() for p in VARIANTS}
     for rule in signatures().rules:
         assert rule.example in real or rule.example in variants, f"rule {rule.id} names no test example"
@@ -169,7 +182,9 @@ def test_errors_before_readiness_that_did_not_stop_it_are_not_failures() -> None
 
 def test_sglang_uvicorn_up_without_the_ready_line_is_not_ready() -> None:
     log = _by_id("sgl-744-warmup-failed-after-uvicorn-up")["excerpt"]
-    assert diagnose(log, server="sglang").kind == "startup_timeout"
+    d = diagnose(log, server="sglang")
+    assert d.kind == "inconclusive" and "'server'" in d.summary
+    assert diagnose(log, server="sglang", timed_out=True).kind == "startup_timeout"
     # The same "Application startup complete." is vLLM's readiness marker.
     vllm = "(APIServer pid=1) INFO:     Application startup complete.\n"
     assert diagnose(vllm, server="vllm").kind == "healthy"
@@ -248,8 +263,9 @@ def test_the_loops_launch_phase_means_no_phase_seen() -> None:
 
 
 def test_an_empty_log_is_judged_by_the_exit_status_alone() -> None:
-    assert diagnose("").kind == "healthy"
-    assert diagnose("").confidence < 0.5
+    d = diagnose("")
+    assert d.kind == "inconclusive" and "empty" in d.summary
+    assert diagnose(" \n\n").kind == "inconclusive"
     assert diagnose("", exit_code=1).kind == "unknown"
     assert diagnose("", exit_code=137).kind == "host_oom_killed"
     assert diagnose("", timed_out=True).kind == "startup_timeout"
@@ -283,6 +299,191 @@ def test_high_memory_fraction_is_only_blamed_when_capture_left_no_error_text() -
         "gpu_memory_utilization (0.98) = 43.64GiB\n"
         "INFO 03-27 10:29:03 [model_runner.py:1442] Capturing cudagraphs for decoding.\n"
     )
-    assert diagnose(head, server="vllm").kind == "gpu_oom"
+    # The log alone ends there: inconclusive, but the deadline (or an exit) makes it a failure to explain.
+    assert diagnose(head, server="vllm").kind == "inconclusive"
+    assert diagnose(head, server="vllm", timed_out=True).kind == "gpu_oom"
     crashed = head + "RuntimeError: CUDA error: invalid argument\n"
     assert diagnose(crashed, server="vllm", exit_code=1).kind == "cuda_graph_capture_failed"
+
+
+def test_an_error_after_the_ready_line_wins_over_it() -> None:
+    # uvicorn prints "Application startup complete." before it binds; the bind failure after it is the verdict.
+    log = (
+        "INFO:     Started server process [593]\nINFO:     Waiting for application startup.\n"
+        "INFO:     Application startup complete.\n"
+        "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use\n"
+    )
+    assert diagnose(log).kind == "port_in_use"
+    crashed = (DATA / "variants" / "healthy--vllm-v1-full-startup.log").read_text() + (
+        "Traceback (most recent call last):\n"
+        '  File "/vllm/v1/engine/core.py", line 700, in run_busy_loop\n'
+        "KeyError: 'frobnicate'\n"
+    )
+    assert diagnose(crashed, server="vllm").kind == "unknown"
+    # The same traceback followed by more served requests did not take the server down.
+    served = crashed + '(APIServer pid=101) INFO:     127.0.0.1:5110 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+    assert diagnose(served, server="vllm").kind == "healthy"
+
+
+def test_no_ready_marker_and_no_failure_is_inconclusive_with_the_last_phase() -> None:
+    log = "[2026-12-01 10:00:00 TP0] Load weight begin. avail mem=79.10 GB\n"
+    d = diagnose(log, server="sglang")
+    assert d.kind == "inconclusive"
+    assert "'load'" in d.summary and d.evidence[0].line == 1
+    assert diagnose("some unrelated text\n").kind == "inconclusive"
+
+
+def test_a_waiting_loop_is_a_startup_timeout_but_one_waiting_line_is_not() -> None:
+    line = "2023-02-20T16:45:24.091665Z  INFO text_generation_launcher: Waiting for shard 0 to be ready...\n"
+    assert diagnose(line * 3).kind == "startup_timeout"
+    assert diagnose(line).kind == "inconclusive"
+
+
+def test_a_dynamo_frame_the_stack_passed_through_is_not_a_torch_compile_failure() -> None:
+    # transformers' continuous batching: the request loop runs under torch._dynamo's eval_frame wrapper, and the
+    # error is raised deeper, in the paged cache's own code.
+    head = (
+        "Traceback (most recent call last):\n"
+        '  File "/venv/lib/python3.11/site-packages/transformers/generation/continuous_batching/continuous_api.py", '
+        "line 800, in _run_generation_loop\n"
+        "    self._inner_generation_loop(batch_processor)\n"
+        '  File "/venv/lib/python3.11/site-packages/torch/_dynamo/eval_frame.py", line 929, in _fn\n'
+        "    return fn(*args, **kwargs)\n"
+    )
+    raised = (
+        '  File "/venv/lib/python3.11/site-packages/transformers/generation/continuous_batching/cache.py", line 420, '
+        "in update\n"
+        "    key_states = self.key_cache[layer_idx].index_copy_(0, write_index, key_states)\n"
+        "RuntimeError: index_copy_(): Source/destination tensor must have same slice shapes. Destination slice "
+        "shape: 8 64 at dimension 0 and source slice shape: 1 512 at dimension 0.\n"
+    )
+    d = diagnose(head + raised, exit_code=1)
+    assert d.kind == "unknown", d.summary
+    assert any("index_copy_()" in e.text for e in d.evidence)
+    # The same stack ending inside Dynamo (the error raised by Dynamo's own code) is torch.compile's.
+    inside = (
+        '  File "/venv/lib/python3.11/site-packages/torch/_dynamo/symbolic_convert.py", line 724, in run\n'
+        "    and self.step()\n"
+        "AssertionError\n"
+    )
+    assert diagnose(head + inside, exit_code=1).kind == "torch_compile_error"
+
+
+def test_a_watchdogs_one_minute_wait_is_a_stall_but_not_when_the_server_then_serves() -> None:
+    wait = (
+        "(EngineCore_DP0 pid=222) INFO 08-15 11:16:19 [shm_broadcast.py:705] No available shared memory broadcast "
+        "block found in 60 seconds. This typically happens when some processes are hanging or doing some "
+        "time-consuming work (e.g. compilation, weight/kv cache quantization).\n"
+    )
+    assert diagnose(wait).kind == "startup_timeout"
+    served = wait + '(APIServer pid=1) INFO:     127.0.0.1:5110 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+    assert diagnose(served).kind == "healthy"
+
+
+def test_a_supervisors_timeout_error_is_a_startup_timeout_and_a_clients_after_ready_is_not() -> None:
+    tail = (
+        '  File "/root/deploy.py", line 319, in wait_ready\n'
+        '    raise TimeoutError(f"server not ready within {timeout} seconds")\n'
+        "TimeoutError: server not ready within 300 seconds\n"
+    )
+    d = diagnose("Traceback (most recent call last):\n" + tail)
+    assert d.kind == "startup_timeout"
+    # The exception line is the evidence, not the source line echoed above it.
+    assert d.evidence[0].text.startswith("TimeoutError:")
+    healthy = (DATA / "variants" / "healthy--vllm-v1-full-startup.log").read_text()
+    assert diagnose(healthy + "Traceback (most recent call last):\n" + tail, server="vllm").kind != "startup_timeout"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # vLLM: no KV blocks fit, or a negative KV budget; SGLang: a negative profiled token count.
+        "INFO 04-27 10:13:05 llm_engine.py:275] # GPU blocks: 0, # CPU blocks: 256",
+        "INFO 05-01 10:00:00 [gpu_worker.py:1] Available KV cache memory: -1.25 GiB",
+        "[2025-07-02 07:41:59 TP0] max_total_tokens=131072 is larger than the profiled value -561981. Use the profiled "
+        "value instead.",
+    ],
+)
+def test_a_kv_budget_printed_zero_or_negative_is_an_oom_sizing_the_pool(line: str) -> None:
+    d = diagnose(line + "\n")
+    assert d.kind == "gpu_oom"
+    assert "KV-cache pool" in d.summary
+
+
+def test_a_positive_kv_budget_is_no_oom() -> None:
+    log = "INFO 05-01 10:00:00 [gpu_worker.py:1] Available KV cache memory: 0.50 GiB\n"
+    assert diagnose(log).kind == "inconclusive"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[2024-10-22 06:31:49 TP0] Capture cuda graph begin. This can take up to several minutes.",
+        "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  34%|███▍      | 23/67 [00:02<00:04,  8.92it/s]",
+        "INFO 04-28 20:50:23 model_runner.py:791] Capturing the model for CUDA graphs. This may lead to unexpected "
+        "consequences if the model is not static.",
+    ],
+)
+def test_any_servers_capture_announcement_places_a_crash_inside_capture(line: str) -> None:
+    crash = "Fatal Python error: Segmentation fault\n"
+    assert diagnose(line + "\n" + crash).kind == "cuda_graph_capture_failed"
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"", "empty"),
+        (b"\n\n   \n", "empty"),
+        (bytes(range(256)) * 64, "binary"),
+        (b"\x89PNG\r\n\x1a\n" + b"\x00\x01\x02\x03" * 4000, "binary"),
+        # High bytes that are no UTF-8 (a log in some other multi-byte encoding, or compressed data sans control bytes).
+        (bytes(range(128, 256)) * 200, "not utf-8 text"),
+    ],
+    ids=["empty", "blank", "all-bytes", "png", "high-bytes"],
+)
+def test_empty_binary_and_undecodable_logs_are_inconclusive_with_the_reason(
+    tmp_path: Path, data: bytes, reason: str
+) -> None:
+    path = tmp_path / "server.log"
+    path.write_bytes(data)
+    d = diagnose_file(path)
+    assert d.kind == "inconclusive"
+    assert reason in d.summary
+    # An exit status still says something: the process died, and the log cannot say why.
+    assert diagnose_file(path, exit_code=1).kind == "unknown"
+
+
+def test_a_latin1_log_is_still_read_and_a_utf16_log_with_a_byte_order_mark_too(tmp_path: Path) -> None:
+    latin = tmp_path / "latin.log"
+    latin.write_bytes("D\u00e9marrage du serveur\nOSError: [Errno 98] Address already in use\n".encode("latin-1"))
+    assert diagnose_file(latin).kind == "port_in_use"
+    path = tmp_path / "utf16.log"
+    path.write_bytes("OSError: [Errno 98] Address already in use\r\n".encode("utf-16"))
+    assert diagnose_file(path).kind == "port_in_use"
+
+
+def test_a_log_bigger_than_what_is_kept_still_finds_the_cause_at_its_end(tmp_path: Path) -> None:
+    from campaign.logscan import HEAD_LINES
+
+    served = '[2026-12-01 10:00:00] INFO:     127.0.0.1:1 - "POST /generate HTTP/1.1" 200 OK\n'
+    noisy = "[2026-12-01 10:00:00 TP0] Decode batch. #running-req: 1, cuda graph: True, token usage: 0.01\n"
+    errors = "[2026-12-01 10:00:00 TP0] ERROR ValueError: request 7 rejected\n"
+    log = (
+        "[2026-12-01 10:00:00] The server is fired up and ready to roll!\n"
+        + (served + noisy + errors) * (HEAD_LINES + 10)
+        + "[2026-12-01 12:00:00 TP0] RuntimeError: CUDA error: an illegal memory access was encountered\n"
+        + "[2026-12-01 12:00:00] Received sigquit from a child process. It usually means the child failed.\n"
+    )
+    path = tmp_path / "big.log"
+    path.write_text(log)
+    d = diagnose_file(path)
+    assert d.kind == "illegal_memory_access"
+    assert d.evidence[0].line == 3 * (HEAD_LINES + 10) + 2
+
+
+def test_an_inconclusive_diagnosis_renders_without_a_fingerprint(tmp_path: Path) -> None:
+    d = diagnose("[2026-12-01 10:00:00 TP0] Load weight begin. avail mem=79.10 GB\n")
+    console = Console(record=True, width=200)
+    render_diagnosis(console, d)
+    text = console.export_text()
+    assert "inconclusive" in text and "'load'" in text and "fingerprint" not in text

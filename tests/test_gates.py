@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from campaign.bench import BenchResult, BenchSettings, run_bench
-from campaign.gates import Gate, check_gates
-from tests.fixtures.sse_server import ScheduledServer
+from campaign.bench import run_bench
+from campaign.bench.testing import ScheduledServer
+from campaign.gates import check_gates
+from campaign.records import BenchResult, BenchSettings, Gate
 
 SETTINGS = BenchSettings(concurrency=[1, 4], requests=16, warmup=1, max_error_rate=0.5)
 

@@ -26,10 +26,11 @@ from campaign.config import SSHHostConfig
 from campaign.errors import HostError, HostKeyError, HostTimeout
 from campaign.hosts import open_host
 from campaign.hosts.base import Host, Result
-from campaign.hosts.function import FunctionHost
 from campaign.hosts.local import LocalHost
-from campaign.hosts.ssh import SSHHost
-from tests.fixtures.sshd import SSHServer, _tool, cut_connections, start_test_sshd
+from campaign.hosts.slurm import SlurmHost
+from campaign.hosts.ssh import SSHHost, SSHTarget
+from campaign.hosts.ssh.testing import SSHServer, cut_connections, start_test_sshd
+from tests.fixtures.sshd import tool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,11 +46,14 @@ HOSTILE = [
 ]
 
 
-@pytest.fixture(params=["local", "ssh"])
+@pytest.fixture(params=["local", "ssh", "slurm"])
 def host(request: pytest.FixtureRequest) -> Iterator[Host]:
-    """Each behaviour test runs on both hosts."""
-    if request.param == "local":
-        local = LocalHost()
+    """Each behaviour test runs on every kind (slurm: its login node is this machine, as is the job's node)."""
+    if request.param in {"local", "slurm"}:
+        local: Host = LocalHost()
+        if request.param == "slurm":
+            local = SlurmHost(local)
+            local.use_node("127.0.0.1")
         yield local
         local.close()
     else:
@@ -138,10 +142,11 @@ def test_timeout_raises_and_kills_the_command_group(cmd_host: Host) -> None:
 
 def test_timeout_message_masks_secrets(host: Host) -> None:
     with pytest.raises(HostTimeout) as caught:
-        host.run("HF_TOKEN=hunter2 API_KEY=swordfish sleep 5", timeout=0.3)
+        host.run("HF_TOKEN=hunter2 API_KEY=swordfish DB_PASSWD=opensesame sleep 5", timeout=0.3)
     text = f"{caught.value} {caught.value.hint}"
-    assert "hunter2" not in text and "swordfish" not in text
-    assert "HF_TOKEN=***" in text
+    # The one secret rule of reports and logs: DB_PASSWD is as secret in a host error as in a report.
+    assert "hunter2" not in text and "swordfish" not in text and "opensesame" not in text
+    assert "HF_TOKEN=***" in text and "DB_PASSWD=***" in text
 
 
 def test_detached_server_returns_at_once(cmd_host: Host, tmp_path: Path) -> None:
@@ -424,7 +429,7 @@ def test_accept_new_records_the_key_then_verifies_it(sshd: SSHServer, tmp_path: 
 
 def test_changed_host_key_is_always_refused(sshd: SSHServer, tmp_path: Path) -> None:
     other = tmp_path / "other_key"
-    subprocess.run([_tool("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    subprocess.run([tool("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     kind, blob = Path(f"{other}.pub").read_text().split()[:2]
     known = tmp_path / "known_hosts"
     known.write_text(f"[127.0.0.1]:{sshd.port} {kind} {blob}\n")
@@ -437,7 +442,7 @@ def test_changed_host_key_is_always_refused(sshd: SSHServer, tmp_path: Path) -> 
 
 def test_a_key_of_another_type_counts_as_changed(sshd: SSHServer, tmp_path: Path) -> None:
     other = tmp_path / "rsa_key"
-    subprocess.run([_tool("ssh-keygen"), "-q", "-t", "rsa", "-b", "2048", "-N", "", "-f", str(other)], check=True)
+    subprocess.run([tool("ssh-keygen"), "-q", "-t", "rsa", "-b", "2048", "-N", "", "-f", str(other)], check=True)
     kind, blob = Path(f"{other}.pub").read_text().split()[:2]
     known = tmp_path / "known_hosts"
     known.write_text(f"[127.0.0.1]:{sshd.port} {kind} {blob}\n")
@@ -449,7 +454,7 @@ def test_a_key_of_another_type_counts_as_changed(sshd: SSHServer, tmp_path: Path
 
 
 def test_alias_and_identity_file_from_ssh_config(sshd: SSHServer) -> None:
-    host = SSHHost.connect(sshd.alias, ssh_config=str(sshd.ssh_config))
+    host = SSHHost.open(SSHTarget(sshd.alias, ssh_config=str(sshd.ssh_config)))
     try:
         assert host.name == f"{sshd.user}@127.0.0.1:{sshd.port}"
         assert host.run("id -un").stdout.strip() == sshd.user
@@ -462,13 +467,15 @@ def test_explicit_arguments_win_over_ssh_config(sshd: SSHServer, tmp_path: Path)
     config.write_text(
         "Host box\n    HostName 127.0.0.1\n    Port 1\n    User nobody-here\n    IdentityFile /nonexistent\n"
     )
-    host = SSHHost.connect(
-        "box",
-        ssh_config=str(config),
-        port=sshd.port,
-        user=sshd.user,
-        key_filename=str(sshd.client_key),
-        known_hosts=str(sshd.known_hosts),
+    host = SSHHost.open(
+        SSHTarget(
+            "box",
+            ssh_config=str(config),
+            port=sshd.port,
+            user=sshd.user,
+            key=str(sshd.client_key),
+            known_hosts=str(sshd.known_hosts),
+        )
     )
     assert host.run("echo ok").stdout == "ok\n"
     host.close()
@@ -478,14 +485,14 @@ def test_ssh_agent_is_used_when_no_key_is_given(
     sshd: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sock = tmp_path / "agent.sock"
-    agent = subprocess.Popen([_tool("ssh-agent"), "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    agent = subprocess.Popen([tool("ssh-agent"), "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
     try:
         assert _wait_until(sock.exists, 5.0)
         env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
-        subprocess.run([_tool("ssh-add"), "-q", str(sshd.client_key)], env=env, check=True, capture_output=True)
+        subprocess.run([tool("ssh-add"), "-q", str(sshd.client_key)], env=env, check=True, capture_output=True)
         monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
-        host = SSHHost.connect(
-            sshd.host, port=sshd.port, user=sshd.user, known_hosts=str(sshd.known_hosts), ssh_config=None
+        host = SSHHost.open(
+            SSHTarget(sshd.host, port=sshd.port, user=sshd.user, known_hosts=str(sshd.known_hosts), ssh_config=None)
         )
         assert host.run("echo via-agent").stdout == "via-agent\n"
         host.close()
@@ -500,7 +507,7 @@ def _source_port(host: SSHHost) -> int:
 
 def test_proxy_jump_through_the_same_sshd(sshd: SSHServer) -> None:
     logins = len(sshd.accepted_logins())
-    host = SSHHost.connect(sshd.jump_alias, ssh_config=str(sshd.jump_ssh_config))
+    host = SSHHost.open(SSHTarget(sshd.jump_alias, ssh_config=str(sshd.jump_ssh_config)))
     try:
         assert host.via is not None
         assert len(sshd.accepted_logins()) == logins + 2  # the jump, then the target through it
@@ -525,7 +532,7 @@ def test_proxy_jump_chain(sshd: SSHServer, tmp_path: Path) -> None:
         f"\nHost 127.0.0.1\n    IdentityFile {sshd.client_key}\n    UserKnownHostsFile {sshd.known_hosts}\n"
     )
     logins = len(sshd.accepted_logins())
-    host = SSHHost.connect("chained", ssh_config=str(config))
+    host = SSHHost.open(SSHTarget("chained", ssh_config=str(config)))
     try:
         assert host.via is not None and host.via.via is not None
         assert len(sshd.accepted_logins()) == logins + 3
@@ -560,50 +567,23 @@ def test_silent_server_times_out(sshd: SSHServer) -> None:
 
 def test_wrong_key_is_an_authentication_error(sshd: SSHServer, tmp_path: Path) -> None:
     stranger = tmp_path / "stranger"
-    subprocess.run([_tool("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    subprocess.run([tool("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
     with pytest.raises(HostError, match="authentication failed"):
-        sshd.connect(key_filename=str(stranger))
+        sshd.connect(key=str(stranger))
 
 
 def test_bad_arguments_are_clear(sshd: SSHServer, tmp_path: Path) -> None:
     with pytest.raises(HostError, match="does not exist"):
-        sshd.connect(key_filename=str(tmp_path / "missing_key"))
+        sshd.connect(key=str(tmp_path / "missing_key"))
     with pytest.raises(HostError, match="ssh_config"):
-        SSHHost.connect("x", ssh_config=str(tmp_path / "missing_config"))
+        SSHHost.open(SSHTarget("x", ssh_config=str(tmp_path / "missing_config")))
     with pytest.raises(HostError, match="cannot resolve"):
-        SSHHost.connect("no-such-host.invalid", ssh_config=None, connect_timeout=2)
+        SSHHost.open(SSHTarget("no-such-host.invalid", ssh_config=None, connect_timeout=2))
 
 
 def test_missing_openssh_tool_fails_with_the_fix() -> None:
     with pytest.raises(pytest.fail.Exception, match="make sshd-deps"):
-        _tool("sshd-that-is-not-installed")
-
-
-# -- FunctionHost: the fake at the seam -----------------------------------------------------------------------------
-
-
-def test_function_host_answers_from_its_handler_and_keeps_files() -> None:
-    def handler(command: str) -> Result | tuple[int, str, str]:
-        if command.startswith("kill -0"):
-            return (1, "", "no such process\n")
-        return Result(command=command, exit_code=0, stdout="hello\n", stderr="")
-
-    fake = FunctionHost(handler, name="gpu-box", url_for=lambda port: f"http://127.0.0.1:{port + 1}")
-    assert isinstance(fake, Host)
-    assert fake.run("echo hello").stdout == "hello\n"
-    dead = fake.run("kill -0 -- -42", timeout=5)
-    assert (dead.exit_code, dead.stderr, dead.command) == (1, "no such process\n", "kill -0 -- -42")
-    assert fake.commands == ["echo hello", "kill -0 -- -42"]
-    assert fake.timeouts == [30.0, 5]
-    fake.write_file("/w/launch.sh", b"#!/bin/sh\nexec server\n", mode=0o700)
-    assert fake.modes["/w/launch.sh"] == 0o700
-    assert fake.read_file("/w/launch.sh", offset=10, limit=4) == b"exec"
-    assert fake.read_file("/w/missing.log") == b""
-    assert fake.url(8000) == "http://127.0.0.1:8001"
-    fake.close()
-    fake.close()
-    with pytest.raises(HostError, match="closed"):
-        fake.run("true")
+        tool("sshd-that-is-not-installed")
 
 
 def test_the_documented_host_section_reaches_the_test_sshd(sshd: SSHServer) -> None:

@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import kernels  # noqa: E402
-from kernels import indexer, reference  # noqa: E402
-from kernels.cases import IndexerCase, indexer_case, with_pages  # noqa: E402
+import mla_kernels  # noqa: E402
+from mla_kernels import indexer, reference  # noqa: E402
+from mla_kernels.cases import IndexerCase, indexer_case, with_pages  # noqa: E402
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -67,7 +67,7 @@ def test_scores_match_float64_reference_inside_each_row() -> None:
 def test_topk_keeps_the_largest_scores(topk: int) -> None:
     gen = torch.Generator().manual_seed(seed("topk", topk))
     case = indexer_case(gen, lengths=[700, 50, 768, 65], pages=12, **SMALL)
-    got = kernels.lightning_indexer(
+    got = mla_kernels.lightning_indexer(
         case.q, case.weights, case.k_cache, case.k_scale, case.page_table, case.lengths, topk
     )
     assert got.shape == (4, topk) and got.dtype == torch.int32
@@ -86,7 +86,7 @@ def test_result_does_not_depend_on_max_context() -> None:
     padded = with_pages(tight, 64)  # M = 4096 instead of 640
     runs = []
     for case in (tight, padded):
-        for fn in (kernels.lightning_indexer, kernels.naive_indexer_topk):
+        for fn in (mla_kernels.lightning_indexer, mla_kernels.naive_indexer_topk):
             res = fn(case.q, case.weights, case.k_cache, case.k_scale, case.page_table, case.lengths, 128)
             runs.append(as_sets(res))
     assert all(r == runs[0] for r in runs[1:])
@@ -131,7 +131,7 @@ def test_bad_indexer_input_is_a_clear_value_error(what: str) -> None:
     change, message = BAD[what]
     args.update(change(case))
     with pytest.raises(ValueError, match=message):
-        kernels.lightning_indexer(**args, topk=8)
+        mla_kernels.lightning_indexer(**args, topk=8)
 
 
 # ---- on the GPU, at DeepSeek's indexer shape ----
@@ -148,14 +148,14 @@ def test_gpu_indexer_full_shape_is_independent_of_max_context() -> None:
     padded = with_pages(tight, 131072 // 64)
     want = reference_topk_slots(tight, 2048)
     for case in (tight, padded):
-        got = kernels.lightning_indexer(
+        got = mla_kernels.lightning_indexer(
             case.q, case.weights, case.k_cache, case.k_scale, case.page_table, case.lengths, 2048
         )
         for b, length in enumerate(lengths):
             row = got[b].tolist()
             assert row.count(-1) == 2048 - min(2048, length)
             assert len(set(row) & want[b]) / len(want[b]) >= 0.99
-    naive = kernels.naive_indexer_topk(
+    naive = mla_kernels.naive_indexer_topk(
         padded.q, padded.weights, padded.k_cache, padded.k_scale, padded.page_table, padded.lengths, 2048
     )
     assert [len(s & w) / len(w) >= 0.99 for s, w in zip(as_sets(naive), want, strict=True)] == [True] * 4
@@ -166,7 +166,7 @@ def test_gpu_indexer_full_shape_is_independent_of_max_context() -> None:
 def test_gpu_indexer_under_cuda_graph_follows_new_lengths() -> None:
     gen = torch.Generator(device="cuda").manual_seed(seed("gpu-graph"))
     case = indexer_case(gen, lengths=[8192, 8192], pages=131072 // 64, **FULL)
-    call = lambda: kernels.lightning_indexer(  # noqa: E731
+    call = lambda: mla_kernels.lightning_indexer(  # noqa: E731
         case.q, case.weights, case.k_cache, case.k_scale, case.page_table, case.lengths, 2048
     )
     call()  # compile outside the capture

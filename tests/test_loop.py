@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fixtures.sshd import SSHServer, cut_connections, start_test_sshd
+from campaign.hosts.ssh.testing import SSHServer, cut_connections, start_test_sshd
+from campaign.records import HostStatus, RunSummary
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "hf_s3cr3t-value-0123456789"
@@ -109,11 +110,14 @@ def test_full_loop_over_ssh(sshd: SSHServer, tmp_path: Path, untrained_weights: 
     res = campaign("run", str(path), "--json", runs=runs)
     assert res.returncode == 1, res.stderr
     doc = json.loads(res.stdout)
+    # The document is a RunSummary, key for key.
+    assert json.loads(RunSummary.model_validate(doc).model_dump_json()) == doc
     att = by_variant(doc)
 
     base = att["baseline"]
     assert base["outcome"] == "passed"
-    assert base["smoke"] == {"passed": 5, "total": 5}
+    # 5 questions asked alone, then again in bursts of 2, 4, 8, 16 and 32 (no batch knob set: smoke's default).
+    assert base["smoke"] == {"passed": 5 + 62, "total": 5 + 62}
     assert base["timings"]["ready_detect_lag_s"] < 0.5
 
     dies = att["cuda-graphs"]
@@ -148,6 +152,7 @@ def test_full_loop_over_ssh(sshd: SSHServer, tmp_path: Path, untrained_weights: 
 
     # The hostile value arrived literally in the server's environment (read from /proc of the live server).
     status = json.loads(campaign("status", str(path), "--json", runs=runs).stdout)
+    assert HostStatus.model_validate(status).running is not None
     assert status["running"]["variant"] == "hostile" and status["health"] == 200
     assert status["known_good"]["variant"] == "hostile"
     pgid = status["running"]["pgid"]
@@ -242,7 +247,8 @@ def test_unknown_host_key_is_refused(sshd: SSHServer, tmp_path: Path) -> None:
     assert res.returncode == 2
     assert "host key" in res.stderr.lower()
     assert "Traceback" not in res.stderr
-    assert res.stdout == ""
+    # Under --json the error is a JSON document on stdout (the prose stays on stderr).
+    assert json.loads(res.stdout)["kind"] == "HostKeyError"
     assert empty.read_text() == "", "an unknown key was recorded without being asked to"
 
 
@@ -258,7 +264,9 @@ def test_host_lock_names_the_holder(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        owner = tmp_path / "box" / "lock" / "owner.json"
+        # The lock lives in the host's state folder, whatever the workdir (tests/conftest.py gives each test one).
+        lock = Path(os.environ["CAMPAIGN_HOST_STATE"]) / "lock"
+        owner = lock / "owner.json"
         deadline = time.monotonic() + 60
         while not owner.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -275,7 +283,7 @@ def test_host_lock_names_the_holder(tmp_path: Path) -> None:
             first.send_signal(signal.SIGINT)
             first.wait(30)
     # The lock is released at the end: a new run can start.
-    assert not (tmp_path / "box" / "lock").exists()
+    assert not lock.exists()
 
 
 def test_dry_run_touches_nothing(tmp_path: Path) -> None:
@@ -291,7 +299,9 @@ def test_dry_run_touches_nothing(tmp_path: Path) -> None:
     assert "known-good" in plan["on_failure"]
     text = campaign("run", str(path), "--dry-run", runs=runs)
     assert "campaign.refserver" in text.stdout and "On failure" in text.stdout
-    assert not runs.exists() and not (tmp_path / "box").exists()
+    # The box is not touched and no run is recorded; the store keeps only the server's --help (read-only to get).
+    assert not (tmp_path / "box").exists()
+    assert sorted(p.name for p in runs.iterdir()) == ["help-cache"]
 
 
 @pytest.mark.parametrize(
@@ -351,6 +361,8 @@ def test_bench_gates_decide_known_good(tmp_path: Path) -> None:
     res = campaign("run", str(path), "--json", runs=runs)
     assert res.returncode == 1, res.stderr
     doc = json.loads(res.stdout)
+    # The document is a RunSummary, key for key.
+    assert json.loads(RunSummary.model_validate(doc).model_dump_json()) == doc
     att = by_variant(doc)
     base, serial = att["baseline"], att["serial"]
     assert base["outcome"] == "passed" and base["bench"]["passed"]

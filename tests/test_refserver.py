@@ -152,6 +152,60 @@ def test_models_metrics_and_health(server: Server) -> None:
     assert value(after, "num_running_reqs") == 0 and value(after, "num_queue_reqs") == 0
 
 
+def test_chat_logprobs_in_openai_format(server: Server) -> None:
+    body = chat(server.url, "What is 17×23?", logprobs=True, top_logprobs=3).json()
+    choice = body["choices"][0]
+    assert choice["message"]["content"] == "391"
+    content = choice["logprobs"]["content"]
+    assert [e["token"] for e in content] == ["3", "9", "1"]  # the text's tokens: eos makes no text
+    for entry in content:
+        assert entry["bytes"] == list(entry["token"].encode()) and -1e-3 < entry["logprob"] <= 0
+        top = entry["top_logprobs"]
+        assert len(top) == 3 and top[0]["token"] == entry["token"] and top[0]["logprob"] == entry["logprob"]
+        assert top[0]["logprob"] > top[1]["logprob"] >= top[2]["logprob"]
+    assert chat(server.url, "What is 17×23?").json()["choices"][0]["logprobs"] is None
+
+
+def test_chat_template_kwargs_is_accepted(server: Server) -> None:
+    body = chat(server.url, "What is 17×23?", chat_template_kwargs={"enable_thinking": False}).json()
+    assert body["choices"][0]["message"]["content"] == "391"
+    bad = chat(server.url, "What is 17×23?", chat_template_kwargs="off")
+    assert bad.status_code == 400 and "chat_template_kwargs" in bad.json()["error"]["message"]
+
+
+def test_completions_with_logprobs_streaming_and_not(server: Server) -> None:
+    ask = {"model": "campaign-arith-mla", "prompt": "What is 99*99?", "temperature": 0, "max_tokens": 8}
+    body = httpx.post(f"{server.url}/v1/completions", json={**ask, "logprobs": 2}, timeout=30).json()
+    assert body["object"] == "text_completion"
+    choice = body["choices"][0]
+    assert choice["text"] == "9801" and choice["finish_reason"] == "stop"
+    lp = choice["logprobs"]
+    assert lp["tokens"] == ["9", "8", "0", "1"] and lp["text_offset"] == [0, 1, 2, 3]
+    assert len(lp["token_logprobs"]) == 4 and all(len(top) == 2 for top in lp["top_logprobs"])
+    assert all(top[t] == v for top, t, v in zip(lp["top_logprobs"], lp["tokens"], lp["token_logprobs"], strict=True))
+    with httpx.stream("POST", f"{server.url}/v1/completions", json={**ask, "stream": True}, timeout=30) as reply:
+        chunks = [json.loads(x.removeprefix("data: ")) for x in reply.iter_lines() if x and x != "data: [DONE]"]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "9801"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    cut = httpx.post(f"{server.url}/v1/completions", json={**ask, "max_tokens": 2}, timeout=30).json()
+    assert cut["choices"][0]["text"] == "98" and cut["choices"][0]["finish_reason"] == "length"
+    for extra, needle in (
+        ({"echo": True}, "echo"),
+        ({"prompt": ["a", "b"]}, "one prompt"),
+        ({"logprobs": 99}, "logprobs"),
+    ):
+        bad = httpx.post(f"{server.url}/v1/completions", json={**ask, **extra}, timeout=30)
+        assert bad.status_code == 400 and needle in bad.json()["error"]["message"], bad.text
+
+
+def test_chat_streaming_carries_logprobs(server: Server) -> None:
+    ask = {"messages": [{"role": "user", "content": "What is 63+58?"}], "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json={**ask, "logprobs": True}, timeout=30) as r:
+        chunks = [json.loads(x.removeprefix("data: ")) for x in r.iter_lines() if x and x != "data: [DONE]"]
+    tokens = [c["choices"][0]["logprobs"]["content"][0]["token"] for c in chunks if c["choices"][0].get("logprobs")]
+    assert tokens == ["1", "2", "1"]
+
+
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
@@ -173,6 +227,10 @@ def test_models_metrics_and_health(server: Server) -> None:
         (json.dumps({"messages": [{"role": "user", "content": "x" * 200}]}).encode(), "maximum context length"),
         (json.dumps({"messages": [{"role": "user", "content": "What is 1+1?"}], "n": 3}).encode(), "n"),
         (json.dumps({"messages": "What is 1+1?"}).encode(), "messages"),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "What is 1+1?"}], "top_logprobs": 2}).encode(),
+            "top_logprobs needs logprobs",
+        ),
     ],
 )
 def test_bad_requests_get_a_400_and_the_server_carries_on(server: Server, body: bytes, needle: str) -> None:
@@ -263,7 +321,8 @@ def test_triton_backends_on_cpu_need_the_interpreter(tmp_path: Path) -> None:
 
 
 def test_bad_flags_and_a_missing_model_exit_2_without_a_traceback(tmp_path: Path) -> None:
-    for args in (["--attention-backend", "flash"], ["--mem-fraction-static", "3"], ["--model-path", "nope.st"]):
+    bad = (["--attention-backend", "flash"], ["--mem-fraction-static", "3"], ["--model-path", "nope.st"])
+    for args in (*bad, ["--inject-fault", "bit-flip"]):
         code, log = run_to_exit(tmp_path, [*CPU_ARGS, *args])
         assert code == 2 and "Traceback" not in log, log
 
@@ -284,6 +343,21 @@ def test_an_untrained_model_loads_and_answers_wrong(tmp_path: Path) -> None:
         wait_ready(proc, f"http://127.0.0.1:{port}", log)
         answers = [chat(f"http://127.0.0.1:{port}", q, max_tokens=6).json() for q in SMOKE]
         assert all(a["choices"][0]["message"]["content"] != SMOKE[q] for a, q in zip(answers, SMOKE, strict=True))
+    finally:
+        stop_refserver(proc)
+
+
+def test_bfloat16_weights_and_pool_answer_and_say_so(tmp_path: Path) -> None:
+    # --dtype bfloat16 is what the MMA kernel's tensor cores take; the model must still answer exactly in it.
+    log = tmp_path / "refserver.log"
+    port = free_port()
+    proc = start_refserver([*CPU_ARGS, "--dtype", "bfloat16"], port=port, log_path=log)
+    try:
+        wait_ready(proc, f"http://127.0.0.1:{port}", log)
+        answers = {q: chat(f"http://127.0.0.1:{port}", q, max_tokens=8).json() for q in SMOKE}
+        assert {q: a["choices"][0]["message"]["content"] for q, a in answers.items()} == SMOKE
+        text = log.read_text()
+        assert "dtype=torch.bfloat16" in text and "dtype=torch.float32" not in text
     finally:
         stop_refserver(proc)
 

@@ -32,5 +32,18 @@ class Output:
 
     def print_json(self, text: str) -> None:
         """Write one JSON document to stdout, untouched by rich markup."""
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        self.write_text(text if text.endswith("\n") else text + "\n")
+
+    def write_text(self, text: str) -> None:
+        """Write text to stdout as it is (Markdown, CSV, log lines): no markup, no wrapping."""
+        sys.stdout.write(text)
         sys.stdout.flush()
+
+    def write_line(self, line: str) -> None:
+        """Write one line of text to stdout as it is."""
+        self.write_text(line + "\n")
+
+    def write_bytes(self, data: bytes) -> None:
+        """Write bytes to stdout untouched (a stored log, whatever its encoding)."""
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from campaign.bench import BenchEvent, BenchResult, LatencyStats
+from campaign.records import BenchEvent, BenchResult, LatencyStats
 
 
 def _ms(value: float | None) -> str:
@@ -82,7 +82,9 @@ def render_bench(console: Console, result: BenchResult) -> None:
         ("incomplete", "right"),
         ("error rate", "right"),
         ("req/s", "right"),
+        ("in tok/s", "right"),
         ("out tok/s", "right"),
+        ("total tok/s", "right"),
         ("TTFT p50", "right"),
         ("ITL p50", "right"),
         ("TPOT p50", "right"),
@@ -98,7 +100,9 @@ def render_bench(console: Console, result: BenchResult) -> None:
             f"[yellow]{lv.incomplete}[/]" if lv.incomplete else "0",
             f"{100 * lv.error_rate:.2f}%",
             f"{lv.request_throughput:.2f}",
+            f"{lv.input_throughput:.1f}",
             f"{lv.output_throughput:.1f}",
+            f"{lv.total_throughput:.1f}",
             _ms(lv.ttft.median),
             _ms(lv.itl.median),
             _ms(lv.tpot.median),
@@ -106,6 +110,15 @@ def render_bench(console: Console, result: BenchResult) -> None:
             "[green]ok[/]" if lv.passed else "[red]FAILED[/]",
         )
     console.print(summary)
+    if result.input_lengths == "tokenize":
+        console.print(f"input lengths: fitted to {result.settings.input_len} tokens with the server's /tokenize")
+    elif result.settings.prompts == "random":
+        console.print(
+            "[yellow]input lengths approximate[/]: the server has no tokenize endpoint; in tok/s counts what its "
+            "usage.prompt_tokens reported"
+        )
+    if result.sla is not None:
+        render_sla(console, result)
     for lv in result.levels:
         t = Table(title=f"{lv.label} latency (ms)", title_justify="left")
         for col in ("metric", "mean", "median", "p90", "p99", "samples"):
@@ -121,3 +134,47 @@ def render_bench(console: Console, result: BenchResult) -> None:
             for kind, count in lv.errors.items():
                 e.add_row(escape(kind), str(count), escape(lv.error_examples.get(kind, "")))
             console.print(e)
+
+
+def _slo_text(slo: dict[str, float]) -> str:
+    return ", ".join(f"{k} <= {v:g}" + ("" if k == "error_rate" else " ms") for k, v in slo.items())
+
+
+def render_sla(console: Console, result: BenchResult) -> None:
+    """The SLA search: each trial with its verdict, then the answer and its goodput."""
+    sla = result.sla
+    assert sla is not None
+    what = "concurrency" if sla.over == "concurrency" else "request rate"
+    t = Table(title=f"SLA search over {what}", title_justify="left")
+    for col in ("trial", "level", "met", "why not"):
+        t.add_column(col, justify="right" if col == "trial" else "left")
+    for i, trial in enumerate(sla.trials, 1):
+        verdict = "[green]yes[/]" if trial.met else "[red]no[/]"
+        t.add_row(str(i), escape(trial.label), verdict, escape("; ".join(trial.violations)))
+    console.print(t)
+    bounds = _slo_text(sla.slo)
+    if sla.max is None:
+        console.print(f"[red]no load met the SLOs[/] ({escape(bounds)}, error rate <= {100 * sla.max_error_rate:g}%)")
+        return
+    unit = "" if sla.over == "concurrency" else " req/s"
+    above = f"; missed at {sla.missed:g}{unit}" if sla.missed is not None else "; the top of the range met them"
+    console.print(
+        f"highest {what} within the SLOs: [bold]{sla.max:g}{unit}[/]{above}; goodput {sla.goodput or 0:.1f} "
+        f"tok/s, {sla.request_goodput or 0:.2f} req/s"
+        + ("" if sla.converged else " [yellow](trial budget spent before the bracket closed)[/]")
+    )
+
+
+def sla_line(result: BenchResult) -> str | None:
+    """One line for a report: what an SLA search found (None when the bench ran no search)."""
+    sla = result.sla
+    if sla is None:
+        return None
+    bounds = _slo_text(sla.slo)
+    if sla.max is None:
+        return f"SLA search: no load met {bounds} ({len(sla.trials)} trial(s))"
+    where = f"c={sla.max:g}" if sla.over == "concurrency" else f"rate={sla.max:g}/s"
+    return (
+        f"SLA search: highest {where} within {bounds}; goodput {sla.goodput or 0:.1f} tok/s, "
+        f"{sla.request_goodput or 0:.2f} req/s ({len(sla.trials)} trials)"
+    )

@@ -10,8 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from campaign.attribution import Finding, show_value
-from campaign.records import Diagnosis
+from campaign.records import Diagnosis, Finding, show_value
 
 _HEALTHY_STYLE = "green"
 _FAILED_STYLE = "red"
@@ -21,7 +20,8 @@ _UNSETTLED_STYLE = "yellow"
 def render_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
     """Print one diagnosis: kind and confidence, the summary, the evidence lines with numbers, and the hint."""
     healthy = diagnosis.kind == "healthy"
-    style = _HEALTHY_STYLE if healthy else _FAILED_STYLE
+    # Inconclusive is neither: the log proves no failure and no healthy start.
+    style = _HEALTHY_STYLE if healthy else (_UNSETTLED_STYLE if diagnosis.kind == "inconclusive" else _FAILED_STYLE)
     parts: list[Text | Table] = [Text(diagnosis.summary or diagnosis.kind)]
     if diagnosis.evidence:
         table = Table(show_header=False, box=None, pad_edge=False, padding=(0, 1))
@@ -33,7 +33,7 @@ def render_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
         parts.append(table)
     if diagnosis.hint:
         parts.append(Text.assemble(("next step: ", "bold"), diagnosis.hint))
-    if diagnosis.fingerprint and not healthy:
+    if diagnosis.fingerprint and diagnosis.kind not in ("healthy", "inconclusive"):
         parts.append(Text(f"fingerprint {diagnosis.fingerprint}", style="dim"))
     title = f"[{style}]{escape(diagnosis.kind)}[/] [dim](confidence {diagnosis.confidence:.2f})[/]"
     # Wrapped inside the panel even on a console that soft-wraps (long log lines would be cropped otherwise).

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from rich.console import Console, Group
@@ -15,9 +18,14 @@ from rich.table import Table
 from rich.text import Text
 
 from campaign.campaign import Event, EventSink
-from campaign.config import PlannedVariant, masked_env, shell_line
-from campaign.records import Attempt, RunReport
-from campaign.store import FailureGroup, KnownGood, RunRow
+from campaign.config import shell_line
+from campaign.console.bench import bench_progress, sla_line
+from campaign.console.profile import profile_plan, render_profile
+from campaign.operations import Plan, host_label
+from campaign.records import Attempt, BenchEvent, HostStatus, RunReport
+from campaign.redaction import mask_env
+from campaign.server import StopReport
+from campaign.store import FailureGroup, Healing, RunRow
 
 _OUTCOME_STYLE = {"passed": "green", "failed": "red", "skipped": "yellow"}
 _RESTORE_STYLE = {"restored": "green", "failed": "bold red", "not_needed": "dim"}
@@ -27,6 +35,8 @@ _RESTORE_STYLE = {"restored": "green", "failed": "bold red", "not_needed": "dim"
 class _Row:
     variant: str
     role: str
+    #: The host of a fleet the attempt runs on (None on one host).
+    host: str | None = None
     phase: str = "stopping"
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
@@ -35,36 +45,61 @@ class _Row:
     detail: str = ""
 
 
-class RunDisplay:
-    """Consumes campaign Events; draws a live table on a terminal and plain lines elsewhere."""
+#: Seconds between heartbeat lines on a non-terminal output (``CAMPAIGN_HEARTBEAT_S`` overrides; 0 turns them off).
+HEARTBEAT_S = 30.0
 
-    def __init__(self, console: Console, live: bool) -> None:
+
+def heartbeat_interval() -> float:
+    """The heartbeat interval: ``CAMPAIGN_HEARTBEAT_S`` when it is a number, else ``HEARTBEAT_S``."""
+    try:
+        return max(0.0, float(os.environ.get("CAMPAIGN_HEARTBEAT_S", HEARTBEAT_S)))
+    except ValueError:
+        return HEARTBEAT_S
+
+
+class RunDisplay:
+    """Consumes campaign Events; draws a live table on a terminal and plain lines elsewhere.
+
+    Elsewhere (a CI log, a file), a long phase would print nothing for minutes: while an attempt runs, a heartbeat
+    line (its phase, the time since launch, the last log line) is printed every ``heartbeat_s``.
+    """
+
+    def __init__(self, console: Console, live: bool, heartbeat_s: float | None = None) -> None:
         self.console = console
         self.live = live
+        self.heartbeat_s = heartbeat_interval() if heartbeat_s is None else heartbeat_s
+        self._print_lock = threading.Lock()
         self.rows: dict[int, _Row] = {}
         self._live: Live | None = None
-        self._bench: Any = None
+        self._stack: ExitStack | None = None
+        self._bench: Callable[[BenchEvent], None] | None = None
 
     def __call__(self, ev: Event) -> None:
         """Take one event."""
         if ev.kind == "bench_progress":
-            if self._bench is not None:
+            # The bench bar starts with the first bench and lasts to the end of the session.
+            if self._bench is None and self._stack is not None:
+                self._bench = self._stack.enter_context(bench_progress(self.console))
+            if self._bench is not None and isinstance(ev.payload, BenchEvent):
                 self._bench(ev.payload)
             return
         row = self.rows.get(ev.attempt) if ev.attempt is not None else None
+        say = partial(self._say, host=ev.host)
         if ev.kind == "attempt_start" and ev.attempt is not None:
-            row = self.rows[ev.attempt] = _Row(ev.variant or "?", ev.role or "variant")
-            self._say(f"[bold]#{ev.attempt} {escape(row.variant)}[/] ({row.role}): stopping what runs, launching")
+            row = self.rows[ev.attempt] = _Row(ev.variant or "?", ev.role or "variant", ev.host)
+            say(f"[bold]#{ev.attempt} {escape(row.variant)}[/] ({row.role}): stopping what runs, launching")
         elif row is not None and ev.kind == "phase":
             row.phase = ev.text
-            self._say(f"  #{ev.attempt} phase {ev.text} at {time.monotonic() - row.started:.1f} s", dim=True)
+            say(f"  #{ev.attempt} phase {ev.text} at {time.monotonic() - row.started:.1f} s", dim=True)
         elif row is not None and ev.kind == "line":
             if ev.text.strip():
                 row.last = ev.text.strip()[:160]
         elif row is not None and ev.kind in {"launched", "stopped", "ready", "smoke"}:
             if ev.kind in {"ready", "smoke"}:
                 row.phase = ev.kind
-            self._say(f"  #{ev.attempt} {escape(ev.text)}", dim=ev.kind in {"launched", "stopped"})
+            elif ev.kind == "launched":
+                row.phase = "launch"  # until the log names a phase
+            say(f"  #{ev.attempt} {escape(ev.text)}", dim=ev.kind in {"launched", "stopped"})
         elif row is not None and ev.kind == "attempt_end":
             row.ended = time.monotonic()
             row.outcome = ev.text
@@ -77,76 +112,147 @@ class RunDisplay:
                     detail += f" — {rec.diagnosis.hint}"
             row.detail = detail
             style = _OUTCOME_STYLE.get(ev.text, "")
-            self._say(f"  #{ev.attempt} [{style}]{ev.text}[/] {escape(detail)}")
+            say(f"  #{ev.attempt} [{style}]{ev.text}[/] {escape(detail)}")
             if rec is not None and rec.diagnosis and rec.outcome == "failed":
                 for e in rec.diagnosis.evidence[:3]:
-                    self._say(f"      line {e.line}: {escape(e.text[:150])}", dim=True)
+                    say(f"      line {e.line}: {escape(e.text[:150])}", dim=True)
         elif ev.kind in {"restore_start", "restore_end", "isolation", "note", "run_start"}:
             style = "bold red" if ev.kind == "restore_end" and "failed" in ev.text.split(":")[0] else "cyan"
-            self._say(f"[{style}]{escape(ev.text)}[/]")
+            say(f"[{style}]{escape(ev.text)}[/]")
         self._refresh()
 
-    def _say(self, markup: str, dim: bool = False) -> None:
-        if self._live is not None:
-            self._live.console.print(markup, style="dim" if dim else None, highlight=False)
-        else:
-            self.console.print(markup, style="dim" if dim else None, highlight=False)
+    def _say(self, markup: str, dim: bool = False, host: str | None = None) -> None:
+        if host is not None:
+            # Every line of a fleet's run names its host, so each host's progress reads apart in a log.
+            markup = f"{escape(f'[{host}]')} {markup}"
+        with self._print_lock:
+            if self._live is not None:
+                self._live.console.print(markup, style="dim" if dim else None, highlight=False)
+            else:
+                self.console.print(markup, style="dim" if dim else None, highlight=False)
+
+    def heartbeat(self) -> str | None:
+        """The heartbeat line of the attempt under way (None between attempts); a fleet's: of its first host's."""
+        lines = self.heartbeats()
+        return lines[0][1] if lines else None
+
+    def heartbeats(self) -> list[tuple[str | None, str]]:
+        """(host, heartbeat line) of the attempt under way on each host (one host: the one attempt)."""
+        latest: dict[str | None, tuple[int, _Row]] = {}
+        for i, r in self.rows.items():
+            if r.ended is None:
+                latest[r.host] = (i, r)
+        out = []
+        for host, (i, r) in latest.items():
+            elapsed = time.monotonic() - r.started
+            last = f"; last line: {r.last[:120]}" if r.last else ""
+            out.append((host, f"… #{i} {r.variant}: {r.phase}, {elapsed:.0f} s since launch{last}"))
+        return out
+
+    def _beat(self, stop: threading.Event) -> None:
+        while not stop.wait(self.heartbeat_s):
+            for host, line in self.heartbeats():
+                self._say(escape(line), dim=True, host=host)
 
     def _table(self) -> Table:
+        fleet = any(r.host is not None for r in self.rows.values())
         t = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
-        for col in ("#", "variant", "role", "phase", "elapsed", "last log line"):
+        for col in ("#", *(("host",) if fleet else ()), "variant", "role", "phase", "elapsed", "last log line"):
             t.add_column(col, overflow="fold" if col == "last log line" else "ellipsis")
         for i, r in self.rows.items():
             end = r.ended or time.monotonic()
             phase = Text(r.outcome or r.phase, style=_OUTCOME_STYLE.get(r.outcome or "", "yellow"))
-            t.add_row(str(i), r.variant, r.role, phase, f"{end - r.started:5.1f}s", Text(r.last[:100], style="dim"))
+            host = (r.host or "",) if fleet else ()
+            elapsed = f"{end - r.started:5.1f}s"
+            t.add_row(str(i), *host, r.variant, r.role, phase, elapsed, Text(r.last[:100], style="dim"))
+        return t
+
+    def _hosts(self) -> Table | None:
+        """A fleet's progress, one line per host: attempts done and passed, and what runs there now."""
+        hosts: dict[str, list[tuple[int, _Row]]] = {}
+        for i, r in self.rows.items():
+            if r.host is not None:
+                hosts.setdefault(r.host, []).append((i, r))
+        if not hosts:
+            return None
+        t = Table(box=None, pad_edge=False, show_header=False)
+        for host, rows in hosts.items():
+            done = [r for _i, r in rows if r.ended is not None]
+            passed = sum(1 for r in done if r.outcome == "passed")
+            now = next(((i, r) for i, r in reversed(rows) if r.ended is None), None)
+            doing = f"now #{now[0]} {now[1].variant}: {now[1].phase}" if now is not None else "idle"
+            t.add_row(Text(host, style="bold"), f"{len(done)} done, {passed} passed", doing)
         return t
 
     def _refresh(self) -> None:
         if self._live is not None:
-            self._live.update(Group(self._table()))
+            hosts = self._hosts()
+            self._live.update(Group(hosts, self._table()) if hosts is not None else Group(self._table()))
 
     @contextmanager
     def session(self) -> Iterator[EventSink]:
-        """Run the display for the duration of a campaign."""
-        if self.live:
-            with Live(self._table(), console=self.console, refresh_per_second=8, transient=False) as live:
-                self._live = live
-                try:
+        """Run the display for the duration of a campaign (and a bench bar once a bench starts)."""
+        with ExitStack() as stack:
+            self._stack = stack
+            try:
+                if self.live:
+                    with Live(self._table(), console=self.console, refresh_per_second=8, transient=False) as live:
+                        self._live = live
+                        try:
+                            yield self
+                        finally:
+                            self._refresh()
+                            self._live = None
+                elif self.heartbeat_s > 0:
+                    stop = threading.Event()
+                    beat = threading.Thread(target=self._beat, args=(stop,), name="heartbeat", daemon=True)
+                    beat.start()
+                    try:
+                        yield self
+                    finally:
+                        stop.set()
+                        beat.join()
+                else:
                     yield self
-                finally:
-                    self._refresh()
-                    self._live = None
-        else:
-            yield self
+            finally:
+                self._stack = None
+                self._bench = None
 
 
-def render_plan(
-    console: Console,
-    *,
-    experiment: str,
-    host: str,
-    recipe: str,
-    planned: Sequence[PlannedVariant],
-    known_good: KnownGood | None,
-    isolate: bool,
-    matrix: dict[str, Any] | None,
-    ready_s: float,
-    at_end: str,
-) -> None:
+def render_plan(console: Console, plan: Plan) -> None:
     """What `campaign run --dry-run` shows: every variant's exact launch, and the failure policy."""
+    exp = plan.loaded.experiment
+    experiment, host, recipe = exp.name, plan.host_label, plan.loaded.recipe.name
+    planned, known_good, isolate = plan.planned, plan.known_good, plan.isolate
+    matrix: dict[str, Any] | None = exp.matrix.model_dump() if exp.matrix else None
+    ready_s, at_end = exp.timeouts.ready_s, exp.at_end
     console.print(f"[bold]Plan for {escape(experiment)}[/] on [cyan]{escape(host)}[/] with recipe {escape(recipe)}")
+    if len(exp.fleet) > 1:
+        console.print(
+            "fleet: each host runs the baseline first and takes variants once it passed; each variant runs once, "
+            "on the host free first (the launches below are the first host's)"
+        )
+        for i, h in enumerate(exp.fleet):
+            extra = {**h.knobs, **({"env": mask_env(h.env)} if h.env else {})}
+            console.print(f"   host {i}: {escape(host_label(h))}" + (f", with {escape(str(extra))}" if extra else ""))
     if matrix:
         axes = ", ".join(f"{k} ∈ {v}" for k, v in matrix.get("axes", {}).items())
         console.print(f"matrix: {escape(axes)}" + (f"; zipped {matrix['zip']}" if matrix.get("zip") else ""))
     for i, pv in enumerate(planned):
         console.print(f"\n[bold]{i}. {escape(pv.name)}[/]  knobs: {escape(str(pv.knobs))}")
         console.print(f"   command: {escape(shell_line(pv.spec.model_copy(update={'env': {}})))}", soft_wrap=True)
-        env = masked_env(pv.spec.env)
+        env = mask_env(pv.spec.env)
         console.print(f"   env: {escape(str(env)) if env else '(none)'}")
         console.print(
             f"   ready when: the group is alive, /{escape(pv.spec.ready_marker)}/ is in the log and "
             f"{escape(pv.spec.health_path)} answers 200 on port {pv.spec.port} (deadline {ready_s:g} s)"
+        )
+    bench = exp.bench_settings()
+    if bench is not None:
+        console.print(f"\n[bold]Bench[/] (each variant): {escape(bench.describe())}")
+    if bench is not None and exp.profile is not None:
+        console.print(
+            f"[bold]Profile[/] (each variant): {escape(profile_plan(exp.profile, bench, plan.loaded.recipe))}"
         )
     console.print(
         "\n[bold]On failure[/]: diagnose the log, stop the server, relaunch the known-good and prove it again"
@@ -166,7 +272,43 @@ def render_plan(
         )
     )
     console.print(f"   at the end: {at_end}")
+    if plan.estimate is not None:
+        _render_estimate(console, plan)
     console.print("\n[dim]dry run: nothing was touched[/]")
+
+
+def _render_estimate(console: Console, plan: Plan) -> None:
+    est = plan.estimate
+    if est is None:
+        return
+    retry = plan.loaded.experiment.retry
+    console.print(
+        f"\n[bold]Cost[/]: {est.trials} trial(s); transient failures retried up to {retry.budget} time(s) each"
+    )
+    if est.total_s is None:
+        console.print("   ETA: unknown (no stored run of this recipe on this host yet)")
+    else:
+        guessed = sum(1 for v in est.variants if v.basis != "spec")
+        fleet = f" over {est.hosts} hosts (costs from the first host's runs)" if est.hosts > 1 else ""
+        console.print(
+            f"   ETA: {_duration(est.total_s)}{fleet} from {est.runs_used} stored run(s)"
+            + (f"; {guessed} variant(s) never run here, counted at the recipe's median" if guessed else "")
+        )
+    if est.deadline_s is not None:
+        line = f"   deadline: {_duration(est.deadline_s)}"
+        if est.past_deadline:
+            line += f"; by the estimate these would not be started: {', '.join(est.past_deadline)}"
+        console.print(escape(line))
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3 min 5 s``, ``1 h 20 min``."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
 
 
 def render_report(console: Console, report: RunReport) -> None:
@@ -176,11 +318,14 @@ def render_report(console: Console, report: RunReport) -> None:
         f"({escape(report.recipe)})  status: [{_status_style(report.status)}]{report.status}[/]"
     )
     console.print(f"started {report.started_at}, ended {report.ended_at or '-'}")
+    fleet = bool(report.hosts)
     t = Table(show_header=True, header_style="bold")
-    for col in ("#", "variant", "role", "outcome", "failed in", "ready s", "lag s", "smoke", "diagnosis", "restore"):
+    columns = ("#", "variant", "role", "outcome", "failed in", "ready s", "lag s", "smoke", "diagnosis", "restore")
+    for col in (columns[0], "host", *columns[1:]) if fleet else columns:
         t.add_column(col)
     for a in report.attempts:
-        t.add_row(*_attempt_cells(a))
+        cells = _attempt_cells(a)
+        t.add_row(*([cells[0], a.host or "", *cells[1:]] if fleet else cells))
     console.print(t)
     for a in report.attempts:
         if a.outcome == "failed" and a.diagnosis is not None:
@@ -195,18 +340,21 @@ def render_report(console: Console, report: RunReport) -> None:
             if d.hint:
                 console.print(f"  [cyan]next:[/] {escape(d.hint)}")
         if a.bench:
-            lv = a.bench.get("levels") or []
-            parts = []
-            for level in lv:
-                load = level.get("load") or {}
-                tag = f"c={load.get('concurrency')}" if load.get("concurrency") else f"rate={load.get('request_rate')}"
-                parts.append(f"{tag}: {level.get('output_throughput', 0):.1f} tok/s")
+            parts = [f"{lv.label}: {lv.output_throughput:.1f} tok/s" for lv in a.bench.levels]
             if parts:
                 console.print(f"  #{a.index} bench: " + "; ".join(parts))
+            found = sla_line(a.bench)
+            if found:
+                console.print(f"  #{a.index} {escape(found)}")
+        render_profile(console, a)
+    _render_long_run(console, report)
     if report.attribution:
         console.print("\n[bold]Attribution[/]")
         for f in report.attribution:
-            console.print(f"  {escape(str(f.get('statement') or f))}")
+            console.print(f"  {escape(f.statement)}")
+    if fleet:
+        _render_hosts(console, report)
+        return
     fin = report.final
     if fin.variant is None and fin.healthy:
         console.print(f"\nfinal: nothing left running — {escape(fin.detail or 'stopped')}, the box verified clean")
@@ -215,8 +363,46 @@ def render_report(console: Console, report: RunReport) -> None:
     console.print(f"\nfinal: {escape(fin.variant or '-')} {state}" + (f" — {escape(fin.detail)}" if fin.detail else ""))
 
 
+def _render_hosts(console: Console, report: RunReport) -> None:
+    """A fleet run's ending, host by host: its baseline, its status, what it left running."""
+    console.print("\n[bold]Hosts[/]")
+    for h in report.hosts:
+        base = f"baseline proven by #{h.baseline_attempt}" if h.baseline_attempt is not None else "baseline not proven"
+        fin = h.final
+        state = "[green]healthy[/]" if fin.healthy else "[red]not healthy[/]"
+        left = f"{escape(fin.variant)} {state}" if fin.variant else escape(fin.detail or "nothing running")
+        console.print(
+            f"  {escape(h.host)}: [{_status_style(h.status)}]{h.status}[/], {base}; final: {left}"
+            + (f" — {escape(h.note)}" if h.note else "")
+        )
+    if report.not_run:
+        console.print(f"not run: {escape(', '.join(report.not_run))}")
+
+
+def _render_long_run(console: Console, report: RunReport) -> None:
+    """Retries, known failures skipped, resumes and a deadline stop, where the run had any."""
+    for a in report.attempts:
+        if a.retry_of is not None:
+            console.print(f"  #{a.index} {escape(a.variant)}: retry of #{a.retry_of} (transient failure), {a.outcome}")
+        if a.known_failure is not None:
+            console.print(f"  #{a.index} {escape(a.variant)}: [yellow]skipped[/], {escape(a.note or a.known_failure)}")
+    for rs in report.restores:
+        if rs.ready_s is not None and rs.cold_start_ready_s is not None:
+            console.print(
+                f"  restore after #{rs.attempt}: ready in {rs.ready_s:.1f} s against a cold start of "
+                f"{rs.cold_start_ready_s:.1f} s ({rs.ready_s / max(rs.cold_start_ready_s, 1e-9):.2f}x)"
+            )
+    for r in report.resumes:
+        console.print(
+            f"resumed {r.at} from {r.from_status}: {len(r.remaining)} variant(s) left; found {escape(r.found)}"
+        )
+    if report.ended_early:
+        console.print(f"[yellow]ended early[/]: {escape(report.ended_early)}")
+
+
 def _status_style(status: str) -> str:
-    return {"passed": "green", "failed": "yellow", "restore_failed": "bold red", "aborted": "red"}.get(status, "")
+    styles = {"passed": "green", "failed": "yellow", "restore_failed": "bold red", "aborted": "red"}
+    return styles.get(status, "yellow")  # interrupted, running
 
 
 def _attempt_cells(a: Attempt) -> list[str | Text]:
@@ -280,28 +466,57 @@ def render_failures(console: Console, groups: Sequence[FailureGroup]) -> None:
     console.print(t)
 
 
-def render_status(console: Console, status: dict[str, Any]) -> None:
+def render_status(console: Console, status: HostStatus) -> None:
     """`campaign status`: what runs on the host now and its known-good."""
-    console.print(f"[bold]{escape(str(status['host']))}[/]")
-    cur = status.get("running")
+    console.print(f"[bold]{escape(status.host)}[/]")
+    cur = status.running
     if cur:
-        health = status.get("health")
-        alive = "[green]alive[/]" if cur.get("alive") else "[red]dead[/]"
+        health = status.health
+        alive = "[green]alive[/]" if cur.alive else "[red]dead[/]"
         console.print(
-            f"  running: {escape(str(cur['variant']))} (spec {cur['spec_hash']}, run {cur['run_id']}) {alive}, "
-            f"pid {cur['pid']} pgid {cur['pgid']}, port {cur['port']}, up {cur.get('uptime_s', 0):.0f} s, "
+            f"  running: {escape(cur.variant)} (spec {cur.spec_hash}, run {cur.run_id}) {alive}, "
+            f"pid {cur.pid} pgid {cur.pgid}, port {cur.port}, up {cur.uptime_s:.0f} s, "
             f"health {health if health is not None else 'no answer'}"
         )
+        if cur.other_experiment:
+            console.print(
+                f"  [yellow]this server belongs to experiment {escape(cur.experiment)}[/], "
+                f"not {escape(status.experiment or '?')}"
+            )
     else:
         console.print("  running: nothing campaign started")
-    kg = status.get("known_good")
+    for proc in status.untracked:
+        console.print(f"  [red]untracked[/]: pid {proc.pid} ({escape(proc.command)}), started by campaign")
+    if status.lock is not None:
+        stale = " [yellow](stale: its CLI is gone)[/]" if status.lock.stale else ""
+        console.print(f"  locked by {escape(status.lock.text)}{stale}")
+    for run_id in status.reconciled:
+        console.print(f"  run {escape(run_id)}: its CLI died; now recorded as interrupted")
+    kg = status.known_good
     if kg:
         console.print(
-            f"  known-good: {escape(str(kg['variant']))} (spec {kg['spec_hash']}, proven in run {kg['run_id']} "
-            f"at {kg['proven_at']})"
+            f"  known-good: {escape(kg.variant)} (spec {kg.spec_hash}, proven in run {kg.run_id} at {kg.proven_at})"
         )
     else:
         console.print("  known-good: none yet")
+
+
+def render_stop(console: Console, host: str, report: StopReport) -> None:
+    """`campaign stop`: what was stopped on the host, and how long it took."""
+    console.print(f"{host}: {report.detail}" + (f" in {report.seconds:.1f} s" if report.stopped else ""))
+    if report.foreign:
+        console.print(f"  {escape(report.foreign)}")
+
+
+def render_healing(console: Console, healing: Healing) -> None:
+    """`campaign doctor`: what the rebuild of the run index found."""
+    aside = f"; the old one kept as {healing.moved_aside}" if healing.moved_aside else ""
+    console.print(
+        f"index rebuilt from {healing.reports} report(s) and {healing.known_goods} known-good record(s){aside}",
+        markup=False,
+    )
+    for name in healing.unreadable:
+        console.print(f"  unreadable, left out: {name}", markup=False)
 
 
 def render_error(console: Console, message: str, hint: str | None) -> None:

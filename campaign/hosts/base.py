@@ -5,14 +5,16 @@ shell unquoted), moves whole files in and out, reads a file from a byte offset (
 re-reading it), and gives an HTTP base URL that reaches a port on the host (loopback for ``local``; a
 forwarded local port for ``ssh``). Every call has a timeout.
 
-Implementations: ``LocalHost`` (subprocess), ``SSHHost`` (paramiko; the only module that imports it) and
-``FunctionHost`` (a plain function answering commands: the fake for tests, at this seam).
+Implementations: ``LocalHost`` (subprocess) and ``SSHHost`` (paramiko; its package is the only one that imports it).
+Tests run both against real things (this machine, a real sshd on loopback), so there is no fake host.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from campaign.redaction import mask_command
 
 
 @dataclass(frozen=True)
@@ -65,3 +67,14 @@ class Host(Protocol):
     def close(self) -> None:
         """Release connections and forwarded ports. Idempotent."""
         ...
+
+
+def short_command(command: str, width: int = 80) -> str:
+    """A command as a message may show it: first line, secret-looking values masked, cut to ``width``.
+
+    Every host uses it. Callers never put secrets on a command line (the launch script carries the env), but a
+    message must stay safe even when one does.
+    """
+    first = command.strip().splitlines()[0] if command.strip() else ""
+    first = mask_command(first)
+    return first if len(first) <= width else first[: width - 1] + "…"

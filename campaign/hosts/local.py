@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
 import signal
 import subprocess
 import threading
 
 from campaign.errors import HostError, HostTimeout
-from campaign.hosts.base import Result
+from campaign.hosts.base import Result, short_command
 
 #: After a timeout kill, how long to wait for the pipes to drain before giving up on them.
 _DRAIN_AFTER_KILL_S = 2.0
@@ -126,18 +125,3 @@ class LocalHost:
 def _exit_code(returncode: int) -> int:
     """The shell's convention for a death by signal (128 + N), so local and SSH results read alike."""
     return 128 - returncode if returncode < 0 else returncode
-
-
-#: ``NAME=value`` where NAME looks like a secret: the value is masked before a command reaches a message.
-_SECRET_ASSIGNMENT = re.compile(r"\b([A-Za-z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD)[A-Za-z0-9_]*)=(\S+)", re.I)
-
-
-def short_command(command: str, width: int = 80) -> str:
-    """A command as a message may show it: first line, secret-looking values masked, cut to ``width``.
-
-    Both hosts use it. Callers never put secrets on a command line (the launch script carries the env), but a
-    message must stay safe even when one does.
-    """
-    first = command.strip().splitlines()[0] if command.strip() else ""
-    first = _SECRET_ASSIGNMENT.sub(r"\1=***", first)
-    return first if len(first) <= width else first[: width - 1] + "…"

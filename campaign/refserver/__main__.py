@@ -1,6 +1,6 @@
-"""``python -m campaign.refserver``: run the reference server (see campaign/refserver/server.py)."""
+"""``python -m campaign.refserver``: run the reference server (see campaign/refserver/process.py)."""
 
-from campaign.refserver.server import run
+from campaign.refserver.process import run
 
 if __name__ == "__main__":
     run()

@@ -1,8 +1,13 @@
 """The HTTP face of the server: an OpenAI-compatible FastAPI app over the engine.
 
-Routes: POST /v1/chat/completions (streaming and not), GET /v1/models, GET /health and /health_generate (503 until
-warm-up finished, then 200 only after a real one-token generation), GET /get_model_info and GET /metrics
-(Prometheus text). Bad requests get a 400 with an OpenAI-style error body.
+Routes: POST /v1/chat/completions and POST /v1/completions (streaming and not, with OpenAI-format ``logprobs``),
+GET /v1/models, GET /health and /health_generate (503 until warm-up finished, then 200 only after a real one-token
+generation), GET /get_model_info, GET /metrics (Prometheus text) and POST /tokenize (the prompt's ids, as vLLM
+and SGLang answer it). Bad requests get a 400 with an OpenAI-style error body. ``chat_template_kwargs`` (e.g.
+``{"enable_thinking": false}``) is accepted as SGLang and vLLM accept it; the model has no template and no
+thinking, so it changes nothing.
+
+POST /start_profile and /stop_profile drive torch.profiler as SGLang's do (``campaign.refserver.profiler``).
 """
 
 from __future__ import annotations
@@ -11,18 +16,23 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from campaign.refserver.engine import Engine
+from campaign.refserver.engine import Engine, TokenLogprob
 from campaign.refserver.engine import Request as GenRequest
-from campaign.refserver.tokenizer import EOS, decode_ids, encode_prompt
+from campaign.refserver.profiler import add_profile_routes
+from campaign.refserver.tokenizer import EOS, decode_ids, encode_prompt, token_text
+
+Req = TypeVar("Req", bound=BaseModel)
 
 HEALTH_TIMEOUT_S = 20.0
+#: Most alternatives a request may ask log-probabilities for (OpenAI's chat limit).
+MAX_TOP_LOGPROBS = 20
 
 
 class ContentPart(BaseModel):
@@ -60,6 +70,26 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1)
     ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(BaseModel):
+    """The fields of a (legacy) completion request this server acts on; others are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str | list[str]
+    #: OpenAI's default for completions is 16 tokens.
+    max_tokens: int | None = Field(default=16, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=1)
+    ignore_eos: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
 
 
 class BadRequest(Exception):
@@ -109,31 +139,88 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def _entry(token: int, logprob: float) -> dict[str, Any]:
+    text = token_text(token)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def chat_logprob(token: int, lp: TokenLogprob) -> dict[str, Any]:
+    """One entry of a chat completion's ``logprobs.content``, in OpenAI's format."""
+    return {**_entry(token, lp.logprob), "top_logprobs": [_entry(t, v) for t, v in lp.top]}
+
+
+def completion_logprobs(tokens: list[int], lps: list[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """A completion's ``logprobs`` object in OpenAI's legacy format: parallel lists, offsets into the text."""
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(decode_ids([token]))
+    return {
+        "tokens": [token_text(t) for t in tokens],
+        "token_logprobs": [lp.logprob for lp in lps],
+        "top_logprobs": [{token_text(t): v for t, v in lp.top} for lp in lps],
+        "text_offset": offsets,
+    }
+
+
+def _visible(gen: GenRequest) -> tuple[list[int], list[TokenLogprob]]:
+    """The generated tokens that make the text (EOS left out) and their log-probabilities (empty if not asked)."""
+    keep = [i for i, t in enumerate(gen.output) if t != EOS]
+    lps = [gen.token_logprobs[i] for i in keep] if gen.logprobs is not None else []
+    return [gen.output[i] for i in keep], lps
+
+
+#: Builds one streamed payload from (token, its log-probability or None); or the last one from the finish reason.
+PieceFn = Callable[[int, TokenLogprob | None], dict[str, Any]]
+DoneFn = Callable[[str], dict[str, Any]]
+
+
 def build_app(state: ServerState) -> FastAPI:
     """The FastAPI app over ``state``."""
     app = FastAPI(title="campaign reference server", docs_url=None, redoc_url=None, openapi_url=None)
     engine = state.engine
-    context_len = engine.cfg.context_len
+    add_profile_routes(app, engine.args.device)
+    context_len = engine.context_len
 
-    def make_request(chat: ChatRequest) -> GenRequest:
-        prompt = encode_prompt(prompt_text(chat))
-        asked = chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens
+    def make_request(
+        text: str, asked: int | None, temperature: float | None, *, ignore_eos: bool, logprobs: int | None, what: str
+    ) -> GenRequest:
+        prompt = encode_prompt(text)
         if len(prompt) >= context_len:
             raise BadRequest(
-                f"This model's maximum context length is {context_len} tokens. However, your messages resulted "
-                f"in {len(prompt)} tokens. Please reduce the length of the messages.",
-                "messages",
+                f"This model's maximum context length is {context_len} tokens. However, your {what} resulted "
+                f"in {len(prompt)} tokens. Please reduce the length of the {what}.",
+                what,
             )
         max_new = asked if asked is not None else context_len - len(prompt)
         if len(prompt) + max_new > context_len:
             raise BadRequest(
                 f"This model's maximum context length is {context_len} tokens. However, you requested "
-                f"{len(prompt) + max_new} tokens ({len(prompt)} in the messages, {max_new} in the completion). "
-                "Please reduce the length of the messages or completion.",
+                f"{len(prompt) + max_new} tokens ({len(prompt)} in the {what}, {max_new} in the completion). "
+                f"Please reduce the length of the {what} or completion.",
                 "max_tokens",
             )
-        temperature = 1.0 if chat.temperature is None else chat.temperature  # OpenAI's default
-        return GenRequest(prompt, max_new, temperature=temperature, ignore_eos=chat.ignore_eos)
+        temp = 1.0 if temperature is None else temperature  # OpenAI's default
+        return GenRequest(prompt, max_new, temperature=temp, ignore_eos=ignore_eos, logprobs=logprobs)
+
+    def chat_request(chat: ChatRequest) -> GenRequest:
+        if chat.top_logprobs is not None and not chat.logprobs:
+            raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+        asked = chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens
+        logprobs = (chat.top_logprobs or 0) if chat.logprobs else None
+        return make_request(
+            prompt_text(chat), asked, chat.temperature, ignore_eos=chat.ignore_eos, logprobs=logprobs, what="messages"
+        )
+
+    def completion_request(req: CompletionRequest) -> GenRequest:
+        if req.echo:
+            raise BadRequest("echo is not supported by this server", "echo")
+        prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+        if len(prompts) != 1:
+            raise BadRequest("this server takes exactly one prompt per request", "prompt")
+        return make_request(
+            prompts[0], req.max_tokens, req.temperature, ignore_eos=req.ignore_eos, logprobs=req.logprobs, what="prompt"
+        )
 
     async def generate(gen: GenRequest) -> AsyncIterator[tuple[int | None, str | None]]:
         loop = asyncio.get_running_loop()
@@ -154,15 +241,17 @@ def build_app(state: ServerState) -> FastAPI:
             if gen.finish_reason is None:
                 engine.abort(gen)  # the client went away mid-generation
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
+    async def accept(
+        request: Request, schema: type[Req], build: Callable[[Req], GenRequest]
+    ) -> tuple[Req, GenRequest] | JSONResponse:
+        """The parsed request and its generation request, or the error response that refuses it."""
         try:
             body = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return error_response(400, f"the request body is not valid JSON: {exc}")
         try:
-            chat = ChatRequest.model_validate(body)
-            gen = make_request(chat)
+            parsed = schema.model_validate(body)
+            gen = build(parsed)
         except ValidationError as exc:
             first = exc.errors()[0]
             param = ".".join(str(p) for p in first["loc"]) or None
@@ -171,73 +260,134 @@ def build_app(state: ServerState) -> FastAPI:
             return error_response(400, exc.message, param=exc.param)
         if engine.fatal is not None:
             return error_response(503, f"the engine stopped after an error: {engine.fatal}", kind="server_error")
-        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        created = int(time.time())
-        model = chat.model or state.model_id
+        return parsed, gen
 
-        def chunk(delta: dict[str, Any], finish: str | None) -> str:
-            payload = {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            }
-            return f"data: {json.dumps(payload)}\n\n"
+    def stream(
+        gen: GenRequest, head: dict[str, Any], first: dict[str, Any] | None, piece: PieceFn, done: DoneFn, usage: bool
+    ) -> StreamingResponse:
+        """Server-sent events: ``first`` (if any), a ``piece`` per text token, ``done``, usage when asked, [DONE]."""
 
-        if chat.stream:
-            include_usage = chat.stream_options is not None and chat.stream_options.include_usage
+        def event(payload: dict[str, Any]) -> str:
+            return f"data: {json.dumps({**head, **payload})}\n\n"
 
-            async def events() -> AsyncIterator[str]:
-                yield chunk({"role": "assistant", "content": ""}, None)
-                finish: str | None = None
-                async for token, reason in generate(gen):
-                    if reason == "error":
-                        err = {"error": {"message": "generation failed", "type": "server_error", "code": None}}
-                        yield f"data: {json.dumps(err)}\n\n"
-                        break
-                    text = decode_ids([token]) if token is not None and token != EOS else ""
-                    if text:
-                        yield chunk({"content": text}, None)
-                    finish = reason
-                if finish is not None:
-                    yield chunk({}, finish)
-                if include_usage:
-                    usage = {
-                        "id": rid,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": model,
-                        "choices": [],
-                        "usage": _usage(len(gen.prompt), len(gen.output)),
-                    }
-                    yield f"data: {json.dumps(usage)}\n\n"
-                yield "data: [DONE]\n\n"
+        async def events() -> AsyncIterator[str]:
+            if first is not None:
+                yield event(first)
+            finish: str | None = None
+            seen = 0
+            async for token, reason in generate(gen):
+                if reason == "error":
+                    err = {"error": {"message": "generation failed", "type": "server_error", "code": None}}
+                    yield f"data: {json.dumps(err)}\n\n"
+                    break
+                if token is not None:
+                    seen += 1
+                    if token != EOS:
+                        yield event(piece(token, gen.token_logprobs[seen - 1] if gen.logprobs is not None else None))
+                finish = reason
+            if finish is not None:
+                yield event(done(finish))
+            if usage:
+                yield event({"choices": [], "usage": _usage(len(gen.prompt), len(gen.output))})
+            yield "data: [DONE]\n\n"
 
-            return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def finish(gen: GenRequest) -> str | None:
+        """Run ``gen`` to its end; its finish reason, or None when the engine failed."""
         finish_reason: str | None = None
         async for _token, reason in generate(gen):
             finish_reason = reason
-        if finish_reason == "error":
-            return error_response(500, "generation failed: the engine stopped", kind="server_error")
-        text = decode_ids(t for t in gen.output if t != EOS)
-        return JSONResponse(
-            {
-                "id": rid,
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": finish_reason,
-                    }
-                ],
-                "usage": _usage(len(gen.prompt), len(gen.output)),
-            }
+        return None if finish_reason == "error" else finish_reason
+
+    def failed() -> JSONResponse:
+        return error_response(500, "generation failed: the engine stopped", kind="server_error")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        accepted = await accept(request, ChatRequest, chat_request)
+        if isinstance(accepted, JSONResponse):
+            return accepted
+        chat, gen = accepted
+        head = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion.chunk" if chat.stream else "chat.completion",
+            "created": int(time.time()),
+            "model": chat.model or state.model_id,
+        }
+        if chat.stream:
+
+            def piece(token: int, lp: TokenLogprob | None) -> dict[str, Any]:
+                logprobs = {"content": [chat_logprob(token, lp)]} if lp is not None else None
+                choice = {"index": 0, "delta": {"content": decode_ids([token])}, "logprobs": logprobs}
+                return {"choices": [{**choice, "finish_reason": None}]}
+
+            def done(reason: str) -> dict[str, Any]:
+                return {"choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}]}
+
+            opening = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+            usage = chat.stream_options is not None and chat.stream_options.include_usage
+            return stream(gen, head, opening, piece, done, usage)
+
+        reason = await finish(gen)
+        if reason is None:
+            return failed()
+        tokens, lps = _visible(gen)
+        logprobs = (
+            {"content": [chat_logprob(t, lp) for t, lp in zip(tokens, lps, strict=True)]} if chat.logprobs else None
         )
+        message = {"role": "assistant", "content": decode_ids(tokens)}
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
+        return JSONResponse({**head, "choices": [choice], "usage": _usage(len(gen.prompt), len(gen.output))})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        accepted = await accept(request, CompletionRequest, completion_request)
+        if isinstance(accepted, JSONResponse):
+            return accepted
+        req, gen = accepted
+        head = {
+            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": req.model or state.model_id,
+        }
+        if req.stream:
+            at = 0
+
+            def piece(token: int, lp: TokenLogprob | None) -> dict[str, Any]:
+                nonlocal at
+                text = decode_ids([token])
+                logprobs = completion_logprobs([token], [lp], at) if lp is not None else None
+                at += len(text)
+                return {"choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": None}]}
+
+            def done(reason: str) -> dict[str, Any]:
+                return {"choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": reason}]}
+
+            usage = req.stream_options is not None and req.stream_options.include_usage
+            return stream(gen, head, None, piece, done, usage)
+
+        reason = await finish(gen)
+        if reason is None:
+            return failed()
+        tokens, lps = _visible(gen)
+        logprobs = completion_logprobs(tokens, lps) if req.logprobs is not None else None
+        choice = {"index": 0, "text": decode_ids(tokens), "logprobs": logprobs, "finish_reason": reason}
+        return JSONResponse({**head, "choices": [choice], "usage": _usage(len(gen.prompt), len(gen.output))})
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        # As vLLM and SGLang answer it: the ids the model would read for this prompt (bos and sep included).
+        try:
+            body = await request.json()
+            prompt = body["prompt"]
+        except (ValueError, KeyError, TypeError):
+            return error_response(400, "tokenize needs a JSON body with a prompt", kind="invalid_request_error")
+        if not isinstance(prompt, str):
+            return error_response(400, "prompt must be a string", kind="invalid_request_error")
+        ids = encode_prompt(prompt)
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": context_len})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -297,6 +447,10 @@ def build_app(state: ServerState) -> FastAPI:
             "# HELP refserver:token_usage Fraction of KV pool slots reserved.",
             "# TYPE refserver:token_usage gauge",
             f"refserver:token_usage {engine.pool.used_slots / engine.pool.n_tokens:.6f}",
+            "# HELP refserver:indexer_logits_total Indexer logits decode computed (aware: the rows' lengths; naive: "
+            "the context length, every row).",
+            "# TYPE refserver:indexer_logits_total counter",
+            f"refserver:indexer_logits_total {s.index_logits}",
         ]
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 

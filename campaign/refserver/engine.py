@@ -6,9 +6,13 @@ ends the thread. ``generate()`` runs requests to completion on the caller's thre
 step, for the accuracy test and the GPU check when no thread runs.
 
 Each scheduler step admits waiting requests while slots and ``--max-running-requests`` allow (a request reserves
-prompt + max_new_tokens slots up front; the rest wait in the queue), prefills the newly admitted ones in one
-batch, then runs one decode step for every running request together: requests join and leave the decode batch
-between steps.
+prompt + max_new_tokens slots up front; the rest wait in the queue), prefills the newly admitted ones in batches
+(as many prompts as ``PREFILL_CHUNK`` and ``PREFILL_SCORES`` allow), then runs one decode step for every running
+request together: requests join and leave the decode batch between steps.
+
+A long-context model (one with a lightning indexer) gets a paged pool and decodes through the indexer: each layer
+keeps its ``--index-topk`` best-scored tokens of the request, found by mla_kernels' O(context) indexer
+(``--indexer aware``) or its O(max_context) form (``naive``), whose cost grows with ``--context-length``.
 """
 
 from __future__ import annotations
@@ -25,15 +29,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from campaign.refserver.decode_runner import DecodeRunner
+from campaign.refserver.fault import check_fault
 from campaign.refserver.kvpool import GB, KVPool, memory_info, pool_tokens
 from campaign.refserver.log import logger
-from campaign.refserver.model import load_model
-from campaign.refserver.runner import DecodeRunner
+from campaign.refserver.model import INDEXER_MODES, IndexPool, load_model
 from campaign.refserver.tokenizer import EOS, PAD
 
 WEIGHTS = Path(__file__).parent / "weights" / "arith.safetensors"
+#: The long-context model: the same arithmetic after thousands of tokens of filler, with a lightning indexer.
+LONGCTX_WEIGHTS = Path(__file__).parent / "weights" / "longctx.safetensors"
 #: Most requests prefilled in one forward pass (bounds the prefill's activation memory).
 PREFILL_CHUNK = 512
+#: Most ``requests x width²`` in one prefill pass: the indexer's scores and top-k mask are that size.
+PREFILL_SCORES = 1 << 27
+#: Tokens per page of a long-context model's pool (the indexer's page).
+INDEX_PAGE = 64
 
 
 @dataclass(frozen=True)
@@ -46,10 +57,33 @@ class EngineArgs:
     enable_torch_compile: bool = False
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 64
+    #: Where CUDA graphs cannot be captured, decode eagerly (and say so) instead of failing the start.
+    cuda_graph_fallback: bool = False
     mem_fraction_static: float | None = None
     max_total_tokens: int | None = None
     max_running_requests: int = 128
     decode_log_interval: int = 40
+    #: A deliberate attention fault (``campaign.refserver.fault``), for testing the checks; None in normal use.
+    inject_fault: str | None = None
+    #: Longest request (prompt + completion); default the model's, capped by the pool when that is smaller.
+    context_length: int | None = None
+    #: Long-context models: which form of the indexer decode runs, and how many tokens it keeps (default the model's).
+    indexer: str = "aware"
+    index_topk: int | None = None
+    #: Weights and KV pool: ``auto`` keeps the weights file's dtype (fp32); ``bfloat16`` is what the MMA kernel's
+    #: tensor cores take (with fp32 KV rows it multiplies in IEEE fp32 on CUDA cores).
+    dtype: str = "auto"
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The log-probability of one generated token under the distribution it was chosen from, and the top ones."""
+
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 #: Called on the scheduler thread with (token id or None, finish reason or None); None/reason ends the stream.
@@ -64,9 +98,13 @@ class Request:
     max_new_tokens: int
     temperature: float = 0.0
     ignore_eos: bool = False
+    #: Log-probabilities to record per generated token: None for none, k for the chosen token and the top k.
+    logprobs: int | None = None
     sink: TokenSink | None = None
     rid: int = field(default_factory=itertools.count().__next__)
     output: list[int] = field(default_factory=list)
+    #: With ``logprobs`` set: per generated token, its log-probability and the top ``logprobs`` (id, logprob).
+    token_logprobs: list[TokenLogprob] = field(default_factory=list)
     slots: np.ndarray | None = None
     finish_reason: str | None = None
     aborted: bool = False
@@ -90,6 +128,9 @@ class Stats:
     decode_steps: int = 0
     decode_tokens: int = 0
     decode_seconds: float = 0.0
+    #: Long-context models: indexer logits the decode steps' indexer form computed (all layers). The aware form
+    #: scores each row's own length; the naive one every position up to the context length, for every row.
+    index_logits: int = 0
 
 
 class Engine:
@@ -103,6 +144,10 @@ class Engine:
         avail = memory_info(self.device)[0]
         logger.info(f"Load weight begin. avail mem={avail / GB:.2f} GB")
         self.model, self.metadata = load_model(args.model_path, args.device)
+        if args.dtype != "auto":
+            if args.dtype not in DTYPES:
+                raise ValueError(f"--dtype {args.dtype!r}: choose auto or one of {', '.join(DTYPES)}")
+            self.model.to(DTYPES[args.dtype])
         self.cfg = self.model.cfg
         self.model_id = self.metadata.get("model_id", "campaign-arith-mla")
         dtype = next(self.model.parameters()).dtype
@@ -110,24 +155,43 @@ class Engine:
             f"Load weight end. type={type(self.model).__name__}, dtype={dtype}, "
             f"avail mem={memory_info(self.device)[0] / GB:.2f} GB"
         )
-        bytes_per_token = self.cfg.n_layers * self.cfg.d_qk * dtype.itemsize
+        cfg = self.cfg
+        bytes_per_token = cfg.n_layers * (cfg.d_qk + cfg.index_dim) * dtype.itemsize
         n_tokens = pool_tokens(
             self.device,
             bytes_per_token,
             max_total_tokens=args.max_total_tokens,
             mem_fraction_static=args.mem_fraction_static,
         )
-        if n_tokens < self.cfg.context_len:
+        # Without --context-length a pool smaller than the model's context caps it, as the pool is what can be served.
+        self.context_len = args.context_length or min(cfg.context_len, n_tokens)
+        if n_tokens < self.context_len:
             raise RuntimeError(
-                f"The KV pool holds {n_tokens} tokens, fewer than one request's context ({self.cfg.context_len}). "
+                f"The KV pool holds {n_tokens} tokens, fewer than one request's context ({self.context_len}). "
                 "Increase --max-total-tokens or --mem-fraction-static."
             )
-        self.pool = KVPool(self.cfg.n_layers, n_tokens, self.cfg.d_qk, dtype, self.device)
+        if args.indexer not in INDEXER_MODES:
+            raise ValueError(f"--indexer {args.indexer!r}: choose one of {', '.join(INDEXER_MODES)}")
+        self.index_topk = (args.index_topk or cfg.index_topk) if cfg.has_indexer else 0
+        page = INDEX_PAGE if cfg.has_indexer else 1
+        self.pool = KVPool(
+            cfg.n_layers, n_tokens, cfg.d_qk, dtype, self.device, page_size=page, index_dim=cfg.index_dim
+        )
+        index_note = f", indexer keys {cfg.index_dim}" if cfg.has_indexer else ""
         logger.info(
-            f"KV Cache is allocated. #tokens: {n_tokens}, KV size: {self.pool.nbytes / GB:.4f} GB "
-            f"(latent {self.cfg.d_latent} + rope {self.cfg.d_rope} per token per layer)"
+            f"KV Cache is allocated. #tokens: {self.pool.n_tokens}, KV size: {self.pool.nbytes / GB:.4f} GB "
+            f"(latent {cfg.d_latent} + rope {cfg.d_rope}{index_note} per token per layer, page size {page})"
         )
         logger.info(f"Memory pool end. avail mem={memory_info(self.device)[0] / GB:.2f} GB")
+        check_fault(args.inject_fault)
+        if args.inject_fault is not None:
+            logger.warning(f"Fault injection on: {args.inject_fault}. This server computes wrong on purpose.")
+        self.index: IndexPool | None = None
+        width = self.context_len
+        if cfg.has_indexer:
+            assert self.pool.index_rows is not None
+            self.index = IndexPool(self.pool.index_rows, self.pool.k_scale, args.indexer, self.index_topk)
+            width = -(-self.context_len // INDEX_PAGE)  # the page table: the naive form's work follows it
         self.runner = DecodeRunner(
             self.model,
             self.pool,
@@ -135,12 +199,18 @@ class Engine:
             torch_compile=args.enable_torch_compile,
             cuda_graph=not args.disable_cuda_graph,
             cuda_graph_max_bs=args.cuda_graph_max_bs,
+            fault=args.inject_fault,
+            cuda_graph_fallback=args.cuda_graph_fallback,
+            index=self.index,
+            index_width=width,
         )
         self.runner.prepare()
+        # What runs, after any fallback: the line campaign's effective-config check reads.
+        indexer = f"{args.indexer}, index_topk={self.index_topk}" if self.index is not None else "none"
         logger.info(
-            f"max_total_num_tokens={n_tokens}, max_running_requests={args.max_running_requests}, "
-            f"context_len={self.cfg.context_len}, attention_backend={args.attention_backend}, "
-            f"torch_compile={args.enable_torch_compile}, cuda_graph={not args.disable_cuda_graph}"
+            f"max_total_num_tokens={self.pool.n_tokens}, max_running_requests={args.max_running_requests}, "
+            f"context_len={self.context_len}, attention_backend={self.runner.backend}, "
+            f"torch_compile={self.runner.torch_compile}, cuda_graph={self.runner.cuda_graph}, indexer={indexer}"
         )
         self.stats = Stats()
         self._waiting: deque[Request] = deque()
@@ -224,9 +294,8 @@ class Engine:
 
     def step(self) -> None:
         """One scheduler iteration: admit, prefill the admitted, decode everything running."""
-        admitted = self._admit()
-        for lo in range(0, len(admitted), PREFILL_CHUNK):
-            self._prefill(admitted[lo : lo + PREFILL_CHUNK])
+        for batch in prefill_batches(self._admit()):
+            self._prefill(batch)
         self._drop_finished()
         if self._running:
             self._decode()
@@ -264,7 +333,11 @@ class Engine:
             slots[i, :n] = request.slots[:n]
         last = torch.tensor([len(r.prompt) - 1 for r in batch], device=self.device)
         logits = self.model(
-            torch.from_numpy(tokens).to(self.device), self.pool.rows, torch.from_numpy(slots).to(self.device)
+            torch.from_numpy(tokens).to(self.device),
+            self.pool.rows,
+            torch.from_numpy(slots).to(self.device),
+            index_keys=self.pool.index_rows,
+            topk=self.index_topk or None,
         )
         logits = logits[torch.arange(len(batch), device=self.device), last]
         self.stats.prompt_tokens += sum(len(r.prompt) for r in batch)
@@ -273,18 +346,27 @@ class Engine:
     @torch.inference_mode()
     def _decode(self) -> None:
         batch = self._running
-        k = self.cfg.context_len
+        paged = self.index is not None
+        k = self.runner.context_len
         tokens = np.empty(len(batch), dtype=np.int64)
         positions = np.empty(len(batch), dtype=np.int64)
         out_slots = np.empty(len(batch), dtype=np.int64)
-        indices = np.full((len(batch), k), -1, dtype=np.int32)
+        # Every cached slot of the request, or (paged) its page table: the indexer picks the slots from it.
+        indices = np.full((len(batch), k), 0 if paged else -1, dtype=np.int32)
         for i, request in enumerate(batch):
             assert request.slots is not None
             pos = request.length - 1  # the last generated token is not cached yet
             tokens[i] = request.output[-1]
             positions[i] = pos
             out_slots[i] = request.slots[pos]
-            indices[i, : pos + 1] = request.slots[: pos + 1]
+            if paged:
+                pages = self.pool.page_table(request.slots)
+                indices[i, : len(pages)] = pages
+            else:
+                indices[i, : pos + 1] = request.slots[: pos + 1]
+        if self.index is not None:
+            per_layer = int(positions.sum()) + len(batch) if self.index.mode == "aware" else len(batch) * k * INDEX_PAGE
+            self.stats.index_logits += per_layer * self.cfg.n_layers
         dev = self.device
         began = time.perf_counter()
         logits = self.runner.decode(
@@ -319,7 +401,10 @@ class Engine:
             probs = torch.softmax(logits.float() / t, dim=-1)
             sampled = torch.multinomial(probs, 1, generator=self._gen).squeeze(1)
             chosen = torch.where(t.squeeze(1) > 1e-6, sampled, chosen)
-        for request, token in zip(batch, chosen.tolist(), strict=True):
+        tokens = chosen.tolist()
+        if any(r.logprobs is not None for r in batch):
+            _record_logprobs(batch, logits, tokens)
+        for request, token in zip(batch, tokens, strict=True):
             request.output.append(token)
             self.stats.generation_tokens += 1
             if token == EOS and not request.ignore_eos:
@@ -340,3 +425,37 @@ class Engine:
             else:
                 keep.append(request)
         self._running = keep
+
+
+def prefill_batches(requests: list[Request]) -> list[list[Request]]:
+    """``requests`` in prefill passes of at most ``PREFILL_CHUNK`` prompts and ``PREFILL_SCORES`` requests x
+    width² (the widest prompt of the pass), in order."""
+    batches: list[list[Request]] = []
+    current: list[Request] = []
+    width = 0
+    for request in requests:
+        wider = max(width, len(request.prompt))
+        if current and (len(current) >= PREFILL_CHUNK or (len(current) + 1) * wider * wider > PREFILL_SCORES):
+            batches.append(current)
+            current, wider = [], len(request.prompt)
+        current.append(request)
+        width = wider
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _record_logprobs(batch: list[Request], logits: torch.Tensor, tokens: list[int]) -> None:
+    """Append each asking request's token log-probability (and its top alternatives) from this step's logits."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    widest = max(r.logprobs or 0 for r in batch)
+    top_lp, top_id = logp.topk(min(widest, logp.shape[-1]), dim=-1) if widest else (None, None)
+    chosen = logp.gather(1, torch.tensor(tokens, device=logp.device)[:, None]).squeeze(1).tolist()
+    for i, request in enumerate(batch):
+        if request.logprobs is None:
+            continue
+        top: list[tuple[int, float]] = []
+        if top_lp is not None and top_id is not None and request.logprobs:
+            k = request.logprobs
+            top = list(zip(top_id[i, :k].tolist(), top_lp[i, :k].tolist(), strict=True))
+        request.token_logprobs.append(TokenLogprob(chosen[i], top))

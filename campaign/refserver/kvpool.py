@@ -1,8 +1,14 @@
 """The KV pool: one tensor of compressed KV rows per layer, sized up front, with a slot allocator.
 
-Slots are token-granular (SGLang's ``page_size=1``): a request reserves ``prompt + max_new_tokens`` slots when it
-is admitted, so a running request never runs out of room mid-decode, and returns them when it ends. The pool has
-one extra row past the last slot, the scratch row that padded batch rows write into.
+Slots are token-granular (SGLang's ``page_size=1``) for a model that attends to every token: a request reserves
+``prompt + max_new_tokens`` slots when it is admitted, so a running request never runs out of room mid-decode, and
+returns them when it ends. The pool has one extra row past the last slot, the scratch row that padded batch rows
+write into.
+
+A long-context model's pool is paged (``page_size=64``, the lightning indexer's page): a request reserves whole
+pages, token ``t`` of it lives at ``page[t // 64]·64 + t % 64``, and its page table is ``slots[::64] // 64``. It also
+holds the indexer's key rows (``index_dim`` values per token per layer) and their per-slot scales, and one extra
+page (the scratch page) so that every tensor the indexer reads holds whole pages.
 """
 
 from __future__ import annotations
@@ -62,14 +68,31 @@ def pool_tokens(
 
 
 class KVPool:
-    """``rows [n_layers, n_tokens + 1, d_qk]`` and a stack of free slots."""
+    """``rows [n_layers, slots, d_qk]`` (and, paged, ``index_rows [n_layers, slots, index_dim]``), and a stack of
+    free pages."""
 
-    def __init__(self, n_layers: int, n_tokens: int, d_qk: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        n_layers: int,
+        n_tokens: int,
+        d_qk: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        page_size: int = 1,
+        index_dim: int = 0,
+    ) -> None:
+        self.page_size = page_size
+        self.n_pages = n_tokens // page_size
+        self.n_tokens = self.n_pages * page_size
+        slots = self.n_tokens + (page_size if page_size > 1 else 1)
         # Never read before a request writes it, so it is not cleared (a large GPU pool allocates instantly).
-        self.rows = torch.empty(n_layers, n_tokens + 1, d_qk, dtype=dtype, device=device)
-        self.n_tokens = n_tokens
-        self._free = np.arange(n_tokens - 1, -1, -1, dtype=np.int64)
-        self._top = n_tokens
+        self.rows = torch.empty(n_layers, slots, d_qk, dtype=dtype, device=device)
+        self.index_rows = torch.empty(n_layers, slots, index_dim, dtype=dtype, device=device) if index_dim else None
+        # The indexer's per-slot key scale: an fp8 cache would need one; these keys are stored as they are.
+        self.k_scale = torch.ones(slots, dtype=torch.float32, device=device)
+        self._free = np.arange(self.n_pages - 1, -1, -1, dtype=np.int64)
+        self._top = self.n_pages
 
     @property
     def scratch_slot(self) -> int:
@@ -79,28 +102,39 @@ class KVPool:
     @property
     def free_slots(self) -> int:
         """Slots not reserved by any request."""
-        return self._top
+        return self._top * self.page_size
 
     @property
     def used_slots(self) -> int:
         """Slots reserved by requests."""
-        return self.n_tokens - self._top
+        return self.n_tokens - self.free_slots
 
     @property
     def nbytes(self) -> int:
-        """Size of the pool tensor."""
-        return self.rows.numel() * self.rows.element_size()
+        """Size of the pool's tensors."""
+        index = self.index_rows.numel() * self.index_rows.element_size() if self.index_rows is not None else 0
+        return self.rows.numel() * self.rows.element_size() + index
 
     def reserve(self, n: int) -> np.ndarray | None:
-        """Take ``n`` slots, or None when fewer are free (the caller queues the request)."""
-        if n > self._top:
+        """Take room for ``n`` tokens; returns each token's slot, or None when too few are free (the caller queues
+        the request)."""
+        pages = -(-n // self.page_size)
+        if pages > self._top:
             return None
-        taken = self._free[self._top - n : self._top][::-1].copy()
-        self._top -= n
-        return taken
+        taken = self._free[self._top - pages : self._top][::-1].copy()
+        self._top -= pages
+        if self.page_size == 1:
+            return taken
+        offsets = np.arange(pages * self.page_size, dtype=np.int64)
+        return (taken[offsets // self.page_size] * self.page_size + offsets % self.page_size)[:n]
 
     def release(self, slots: np.ndarray) -> None:
-        """Give ``slots`` back."""
-        n = len(slots)
-        self._free[self._top : self._top + n] = slots
+        """Give back the room of ``slots`` (as ``reserve`` returned them)."""
+        pages = slots[:: self.page_size] // self.page_size
+        n = len(pages)
+        self._free[self._top : self._top + n] = pages
         self._top += n
+
+    def page_table(self, slots: np.ndarray) -> np.ndarray:
+        """The page ids of a request's ``slots``: token t is at ``page[t // page_size]·page_size + t % page_size``."""
+        return slots[:: self.page_size] // self.page_size

@@ -3,11 +3,18 @@
 Per token each layer keeps one compressed KV row shared by all heads: a latent part (``d_latent``, normalised) and
 a rope part (``d_rope``). Queries are produced directly in that space (the "absorbed" form of MLA), so attention
 is multi-query attention over rows ``[latent | rope]`` whose latent part is also the value. Decode is therefore
-exactly ``kernels.sparse_mla_decode`` over the KV pool with every cached token of the request selected.
+exactly ``mla_kernels.sparse_mla_decode`` over the KV pool with every cached token of the request selected.
 
-Three entry points share the same layers: ``forward`` (training: full causal attention over a batch),
-``prefill`` (the same, also writing each layer's KV rows into the pool) and ``decode`` (one token per request,
-attention through the kernels package).
+Two entry points share the same layers: ``forward`` (causal attention over a batch: training, and prefill when
+it also writes each layer's KV rows into the pool) and ``decode`` (one token per request, attention through the
+mla_kernels package).
+
+A long-context model (``index_heads > 0``) also has a lightning indexer per layer, as DeepSeek V3.2 does: a few small
+heads score every cached token (``Σ_h w_h·ReLU(q_h·k)``), and attention then runs over the ``topk`` best-scored
+tokens only. In decode the scores and the top-k are mla_kernels' indexer (``aware``: work bounded by the row's own
+length; ``naive``: the O(max_context) form); in prefill the same scores mask the causal attention to each query's
+top-k. Unlike DeepSeek's, this indexer has no rope part: it selects by content alone, so its choice does not depend
+on how far a token is, and it carries over to contexts longer than those it was trained on.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from campaign.refserver.fault import apply_fault
 from campaign.refserver.tokenizer import VOCAB_SIZE
 
 
@@ -56,11 +64,21 @@ class ModelConfig:
     d_ff: int = 576
     context_len: int = 64
     rope_base: float = 10000.0
+    #: The lightning indexer: heads and width of its scores (0 heads: no indexer, decode attends to every token),
+    #: and how many tokens it keeps unless the server is told otherwise.
+    index_heads: int = 0
+    index_dim: int = 0
+    index_topk: int = 0
 
     @property
     def d_qk(self) -> int:
         """Width of one KV row (and of one query head): latent then rope."""
         return self.d_latent + self.d_rope
+
+    @property
+    def has_indexer(self) -> bool:
+        """Whether attention runs over the indexer's top-k (a long-context model) rather than every token."""
+        return self.index_heads > 0
 
     @property
     def sm_scale(self) -> float:
@@ -128,15 +146,99 @@ class MLAttention(nn.Module):
         k_rope = apply_rope(kv[..., cfg.d_latent :], positions, cfg.rope_base)
         return torch.cat([q_lat, q_rope], dim=-1), torch.cat([latent, k_rope], dim=-1)
 
-    def causal(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        """Full causal attention: q ``[B, T, H, d_qk]``, kv ``[B, T, d_qk]`` -> ``[B, T, H*d_latent]``."""
+    def causal(
+        self,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        keep: torch.Tensor | None = None,
+        probs: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Causal attention: q ``[B, T, H, d_qk]``, kv ``[B, T, d_qk]`` -> ``[B, T, H*d_latent]``.
+
+        ``keep [B, T, T]`` (bool), when given, further limits each query to the keys it marks (the indexer's top-k).
+        With ``probs`` a list, the attention weights averaged over heads ``[B, T, T]`` are appended to it (training).
+        Queries go in chunks whose score tensor stays near ``ATTENTION_CHUNK`` elements, so a long prefill does not
+        hold a [B, H, T, T] tensor at once.
+        """
         cfg = self.cfg
         b, t = q.shape[0], q.shape[1]
-        scores = torch.einsum("bthd,bsd->bhts", q, kv) * cfg.sm_scale
-        mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~mask, float("-inf"))
-        out = torch.einsum("bhts,bsd->bthd", scores.softmax(dim=-1), kv[..., : cfg.d_latent])
-        return out.reshape(b, t, cfg.n_heads * cfg.d_latent)
+        step = max(1, ATTENTION_CHUNK // max(1, b * cfg.n_heads * t))
+        outs: list[torch.Tensor] = []
+        for lo in range(0, t, step):
+            hi = min(t, lo + step)
+            scores = torch.einsum("bthd,bsd->bhts", q[:, lo:hi], kv) * cfg.sm_scale
+            allowed = causal_mask(lo, hi, t, q.device)[None, None]
+            if keep is not None:
+                allowed = allowed & keep[:, None, lo:hi]
+            weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+            if probs is not None:
+                probs.append(weights.mean(dim=1))
+            outs.append(torch.einsum("bhts,bsd->bthd", weights, kv[..., : cfg.d_latent]))
+        return torch.cat(outs, dim=1).reshape(b, t, cfg.n_heads * cfg.d_latent)
+
+
+#: Score elements one chunk of causal attention may hold (2^26 fp32 values: 256 MiB).
+ATTENTION_CHUNK = 1 << 26
+
+
+def causal_mask(lo: int, hi: int, t: int, device: torch.device) -> torch.Tensor:
+    """``[hi - lo, t]`` bool: query ``lo + i`` may see key ``j`` when ``j <= lo + i``."""
+    rows = torch.arange(lo, hi, device=device)[:, None]
+    return torch.arange(t, device=device)[None, :] <= rows
+
+
+class Indexer(nn.Module):
+    """The lightning indexer of one layer: ``index_heads`` query heads of ``index_dim`` values, one key per token."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.wq = nn.Linear(cfg.d_model, cfg.index_heads * cfg.index_dim, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.index_dim, bias=False)
+        self.k_norm = RMSNorm(cfg.index_dim)
+        self.ww = nn.Linear(cfg.d_model, cfg.index_heads, bias=False)
+
+    def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``[..., H_I, D_I]``, head weights ``[..., H_I]`` (scales folded in) and keys ``[..., D_I]``."""
+        cfg = self.cfg
+        q = self.wq(h).view(*h.shape[:-1], cfg.index_heads, cfg.index_dim)
+        w = self.ww(h) * (cfg.index_heads**-0.5 * cfg.index_dim**-0.5)
+        return q, w, self.k_norm(self.wk(h))
+
+    @staticmethod
+    def scores(q: torch.Tensor, w: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """``[B, T, S]``: query t's score of key s, ``Σ_h w[t, h]·ReLU(q[t, h]·k[s])`` (mla_kernels' formula)."""
+        # A head at a time: the [B, T, H_I, S] product at once would be H_I times the size of the result.
+        total = torch.zeros(q.shape[0], q.shape[1], k.shape[1], dtype=q.dtype, device=q.device)
+        for head in range(q.shape[2]):
+            total = total + w[..., head, None] * torch.bmm(q[:, :, head], k.transpose(1, 2)).clamp(min=0)
+        return total
+
+
+def topk_keep(scores: torch.Tensor, topk: int) -> torch.Tensor:
+    """``[B, T, S]`` bool: for each query, its ``topk`` best-scored keys among those it may see (all when fewer)."""
+    t = scores.shape[1]
+    masked = scores.masked_fill(~causal_mask(0, t, scores.shape[2], scores.device)[None], float("-inf"))
+    if topk >= scores.shape[2]:
+        return torch.isfinite(masked)
+    chosen = masked.topk(topk, dim=-1).indices
+    keep = torch.zeros_like(masked, dtype=torch.bool).scatter_(-1, chosen, True)
+    return keep & torch.isfinite(masked)
+
+
+@dataclass
+class IndexPool:
+    """What decode needs for the indexer: its key cache ``[n_layers, slots, D_I]``, the per-slot key scales
+    ``[slots]`` (ones here), which form of mla_kernels' indexer runs and how many tokens it keeps."""
+
+    keys: torch.Tensor
+    k_scale: torch.Tensor
+    mode: str
+    topk: int
+
+
+#: The indexer's two forms in decode: mla_kernels' O(context) one, and the O(max_context) one a campaign must catch.
+INDEXER_MODES = ("aware", "naive")
 
 
 class Block(nn.Module):
@@ -149,6 +251,7 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model)
         self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+        self.indexer = Indexer(cfg) if cfg.has_indexer else None
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """The residual MLP branch."""
@@ -171,20 +274,41 @@ class ArithModel(nn.Module):
         tokens: torch.Tensor,
         pool: torch.Tensor | None = None,
         slots: torch.Tensor | None = None,
+        *,
+        index_keys: torch.Tensor | None = None,
+        topk: int | None = None,
+        aux: Aux | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, T, V]`` of right-padded ``tokens [B, T]`` with causal attention.
 
         With ``pool [L, N, d_qk]`` and ``slots [B, T]`` (int64), each layer's KV rows are also written to
-        ``pool[layer, slots]`` (prefill). Right padding is harmless: a real position never attends to a later one.
+        ``pool[layer, slots]`` (prefill), and the indexer's keys to ``index_keys[layer, slots]`` when the model has
+        one. Right padding is harmless: a real position never attends to a later one. With an indexer, each query
+        attends to its ``topk`` (default: the config's) best-scored keys only. ``aux`` collects, per layer, the
+        indexer's scores and the attention weights it learns from (training).
         """
         b, t = tokens.shape
         positions = torch.arange(t, device=tokens.device).expand(b, t)
+        k = self.cfg.index_topk if topk is None else topk
         x = self.embed(tokens)
         for layer, block in enumerate(self.blocks):
-            q, kv = block.attn.project(block.attn_norm(x), positions)
+            h = block.attn_norm(x)
+            q, kv = block.attn.project(h, positions)
+            keep: torch.Tensor | None = None
+            if block.indexer is not None:
+                # The indexer learns from the attention, not the other way round: its input is cut from the graph.
+                iq, iw, ik = block.indexer.project(h.detach() if aux is not None else h)
+                scores = Indexer.scores(iq, iw, ik)
+                if aux is not None:
+                    aux.index_scores.append(scores)
+                elif k < t:
+                    keep = topk_keep(scores, k)
+                if pool is not None and slots is not None and index_keys is not None:
+                    write_kv(index_keys, layer, slots.reshape(-1), ik.reshape(b * t, -1))
             if pool is not None and slots is not None:
                 write_kv(pool, layer, slots.reshape(-1), kv.reshape(b * t, -1))
-            x = x + block.attn.wo(block.attn.causal(q, kv))
+            probs = aux.attention if aux is not None else None
+            x = x + block.attn.wo(block.attn.causal(q, kv, keep, probs))
             x = x + block.mlp(x)
         logits: torch.Tensor = self.head(self.norm(x))
         return logits
@@ -197,27 +321,60 @@ class ArithModel(nn.Module):
         out_slots: torch.Tensor,
         indices: torch.Tensor,
         backend: str,
+        fault: str | None = None,
+        index: IndexPool | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, V]`` of one new token per request.
 
-        ``tokens``/``positions``/``out_slots`` are ``[B]`` (the new token's id, position and pool slot);
-        ``indices [B, K]`` int32 lists every cached slot of the request including ``out_slots`` (-1 pads).
+        ``tokens``/``positions``/``out_slots`` are ``[B]`` (the new token's id, position and pool slot). Without an
+        indexer, ``indices [B, K]`` int32 lists every cached slot of the request including ``out_slots`` (-1 pads).
+        With one (``index`` given), ``indices`` is the request's page table ``[B, P]`` int32 (64 slots a page, the
+        row's length being ``position + 1``) and each layer's indexer picks the ``index.topk`` slots attended to.
+        ``fault`` names a deliberate attention fault (``campaign.refserver.fault``); None in normal use.
         """
-        from kernels import sparse_mla_decode
+        from mla_kernels import sparse_mla_decode
 
         cfg = self.cfg
         b = tokens.shape[0]
+        lengths = (positions + 1).to(torch.int32)
         x = self.embed(tokens)
         for layer, block in enumerate(self.blocks):
-            q, kv = block.attn.project(block.attn_norm(x), positions)
+            h = block.attn_norm(x)
+            q, kv = block.attn.project(h, positions)
             write_kv(pool, layer, out_slots, kv)
+            selected = indices
+            if index is not None and block.indexer is not None:
+                iq, iw, ik = block.indexer.project(h)
+                write_kv(index.keys, layer, out_slots, ik)
+                selected = select_slots(index, layer, iq, iw, indices, lengths)
             out, _lse = sparse_mla_decode(
-                q.to(pool.dtype), pool[layer], indices, cfg.sm_scale, backend, d_v=cfg.d_latent
+                q.to(pool.dtype), pool[layer], selected, cfg.sm_scale, backend, d_v=cfg.d_latent
             )
+            out = apply_fault(fault, out)
             x = x + block.attn.wo(out.reshape(b, cfg.n_heads * cfg.d_latent).to(x.dtype))
             x = x + block.mlp(x)
         logits: torch.Tensor = self.head(self.norm(x))
         return logits
+
+
+@dataclass
+class Aux:
+    """Per-layer training extras of ``ArithModel.forward``: the indexer's scores and the attention weights."""
+
+    index_scores: list[torch.Tensor]
+    attention: list[torch.Tensor]
+
+
+def select_slots(
+    index: IndexPool, layer: int, q: torch.Tensor, w: torch.Tensor, page_table: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
+    """``[B, topk]`` int32: the KV slots this layer's indexer keeps for each row (-1 pads), by ``index.mode``."""
+    from mla_kernels import lightning_indexer, naive_indexer_topk
+
+    find = lightning_indexer if index.mode == "aware" else naive_indexer_topk
+    keys = index.keys[layer]
+    slots: torch.Tensor = find(q.to(keys.dtype), w.float(), keys, index.k_scale, page_table, lengths, index.topk)
+    return slots
 
 
 def save_model(model: ArithModel, path: Path, meta: dict[str, Any]) -> None:

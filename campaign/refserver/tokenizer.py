@@ -14,6 +14,7 @@ _SPECIALS = 5
 _CHARS = "".join(chr(c) for c in range(32, 127)) + "×"
 VOCAB_SIZE = _SPECIALS + len(_CHARS)
 _ID_OF = {ch: _SPECIALS + i for i, ch in enumerate(_CHARS)}
+_SPECIAL_NAMES = ("<pad>", "<bos>", "<sep>", "<eos>", "<unk>")
 
 
 def encode_text(text: str) -> list[int]:
@@ -29,3 +30,8 @@ def encode_prompt(text: str) -> list[int]:
 def decode_ids(ids: Iterable[int]) -> str:
     """Text of ``ids``; special tokens (and ``UNK``) produce no text."""
     return "".join(_CHARS[i - _SPECIALS] for i in ids if i >= _SPECIALS)
+
+
+def token_text(token: int) -> str:
+    """How one token is shown in log-probabilities: its character, or a name such as ``<eos>`` for a special."""
+    return _SPECIAL_NAMES[token] if 0 <= token < _SPECIALS else decode_ids([token])

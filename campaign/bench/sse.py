@@ -1,0 +1,136 @@
+"""Server-sent events of a streamed chat completion, parsed into what one request did.
+
+Pure: bytes in, a ``RequestRecord`` out; no I/O and no clock of its own (the caller passes the time each piece of
+the body arrived). The parser runs once per received piece, in the bench's hot loop, so it works on bytes and
+keeps its state in a few slots.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RequestRecord:
+    """What one request did, with times in seconds from its send."""
+
+    ok: bool = False
+    error: str | None = None
+    message: str = ""
+    ttft: float | None = None
+    itls: list[float] = field(default_factory=list)
+    e2e: float | None = None
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    #: When it was sent (``time.perf_counter()``), for a per-request export.
+    start: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        """Unsuccessful and not merely incomplete (the stream never began, or it carried an error)."""
+        return not self.ok and not (self.error or "").startswith("incomplete:")
+
+
+class ChatStream:
+    """The SSE body of one ``/v1/chat/completions`` (or ``/v1/completions``) stream, fed into ``record``.
+
+    Lines end with ``\\n`` (optionally ``\\r\\n``); an event ends at a blank line; only ``data:`` fields matter. A
+    content delta is a token (the first one dates TTFT, later ones the ITL gaps); ``usage`` overrides the token
+    counts; ``[DONE]`` dates the end; an ``error`` event or a non-JSON event ends the stream as failed.
+    """
+
+    __slots__ = ("_buf", "_data", "_last", "finish", "record", "sent")
+
+    def __init__(self, record: RequestRecord, sent: float) -> None:
+        self.record = record
+        self.sent = sent
+        #: The ``finish_reason`` seen, if any: a stream without one is incomplete.
+        self.finish: str | None = None
+        self._buf = b""
+        self._data: list[bytes] = []
+        self._last = sent
+
+    def feed(self, chunk: bytes, now: float) -> bool:
+        """Take one piece of the body, received at ``now``; True when the stream is over (``[DONE]`` or an error).
+
+        After True, ``record.error`` is set when the stream failed, and ``record.e2e`` when it ended with
+        ``[DONE]``.
+        """
+        rec = self.record
+        buf = self._buf + chunk if self._buf else chunk
+        data = self._data
+        start = 0
+        while (nl := buf.find(b"\n", start)) >= 0:
+            line = buf[start:nl]
+            start = nl + 1
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if line.startswith(b"data:"):
+                data.append(line[5:].lstrip())
+                continue
+            if line or not data:
+                continue  # a comment (`: ping`), an unused field, or a blank line between events
+            event = data[0] if len(data) == 1 else b"\n".join(data)
+            data.clear()
+            if event == b"[DONE]":
+                rec.e2e = now - self.sent
+                return True
+            try:
+                obj = json.loads(event)
+            except ValueError:
+                rec.error, rec.message = "invalid_json", event[:200].decode("utf-8", "replace")
+                return True
+            if not isinstance(obj, dict):
+                continue
+            err = obj.get("error")
+            if err is not None:
+                rec.error = f"stream_error:{error_type(err)}"
+                rec.message = error_message(err) or "error event in the stream"
+                return True
+            choices = obj.get("choices")
+            if choices:
+                ch = choices[0]
+                delta = ch.get("delta") or {}
+                # A chat chunk carries delta.content; a /v1/completions chunk carries text.
+                if delta.get("content") or ch.get("text"):
+                    if rec.ttft is None:
+                        rec.ttft = now - self.sent
+                    else:
+                        rec.itls.append(now - self._last)
+                    self._last = now
+                    rec.output_tokens += 1
+                if ch.get("finish_reason"):
+                    self.finish = ch["finish_reason"]
+            usage = obj.get("usage")
+            if usage:
+                rec.output_tokens = int(usage.get("completion_tokens") or rec.output_tokens)
+                rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        self._buf = buf[start:]
+        return False
+
+
+def error_type(err: Any) -> str:
+    """The ``type`` (or ``code``) of an OpenAI-style error object, or ``error``."""
+    if isinstance(err, dict):
+        for key in ("type", "code"):
+            if err.get(key) not in (None, ""):
+                return str(err[key])
+    return "error"
+
+
+def error_message(err: Any) -> str:
+    """The message of an error body or event (JSON text or an object), at most 300 characters."""
+    if isinstance(err, str):
+        text = err
+        try:
+            err = json.loads(text)
+        except ValueError:
+            return text.strip()[:300]
+    if isinstance(err, dict):
+        inner = err.get("error", err)
+        if isinstance(inner, dict):
+            return str(inner.get("message") or inner.get("detail") or "")[:300]
+        return str(inner)[:300]
+    return str(err)[:300]

@@ -1,0 +1,338 @@
+"""The lightning indexer (DeepSeek V3.2): score every token of a row, then keep the top-k, in O(L) work per row.
+
+score[b, t] = k_scale[slot] · Σ_h w[b, h] · ReLU(q[b, h] · k[slot]), slot = page_table[b, t // 64]·64 + t % 64.
+
+Shapes are padded to the maximum context M = 64·page_table.shape[1] (as under CUDA graphs), but every loop bound
+is the row's length read from a device tensor: the scoring grid is a fixed number of programs per row that stride
+over the row's own pages, and the top-k is a radix select over [0, L). Nothing is filled, scanned or launched in
+proportion to M. ``naive_indexer_topk`` is the other way (a grid over all M/64 pages, a -inf filled [B, M] logits
+tensor and torch.topk over the full width), kept so the benchmark can show what that costs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mla_kernels.device import interpreting, program_slots, require_triton_device
+
+PAGE = 64  # tokens per page of the index-K cache
+# Scoring programs per row come from this many programs per multiprocessor, never from M.
+SCORE_PROGRAMS_PER_SM = 4
+TOPK_BLOCK = 1024
+
+
+def check_indexer_inputs(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    page_table: torch.Tensor,
+    lengths: torch.Tensor,
+) -> None:
+    """Raise ValueError with a plain message when the indexer's inputs do not fit together."""
+    if q.dim() != 3:
+        raise ValueError(f"q must be [B, H_I, D_I], got shape {tuple(q.shape)}")
+    b, h, d = q.shape
+    if tuple(weights.shape) != (b, h):
+        raise ValueError(f"weights must be [B, H_I] = {(b, h)}, got {tuple(weights.shape)}")
+    if k_cache.dim() != 2 or k_cache.shape[1] != d:
+        raise ValueError(f"k_cache must be [slots, D_I={d}], got {tuple(k_cache.shape)}")
+    if k_cache.shape[0] % PAGE:
+        raise ValueError(f"k_cache must hold whole pages of {PAGE} slots, got {k_cache.shape[0]} slots")
+    if tuple(k_scale.shape) != (k_cache.shape[0],):
+        raise ValueError(f"k_scale must be [slots] = ({k_cache.shape[0]},), got {tuple(k_scale.shape)}")
+    if page_table.dim() != 2 or page_table.shape[0] != b:
+        raise ValueError(f"page_table must be [B={b}, pages], got {tuple(page_table.shape)}")
+    if tuple(lengths.shape) != (b,):
+        raise ValueError(f"lengths must be [B] = ({b},), got {tuple(lengths.shape)}")
+    if page_table.dtype != torch.int32 or lengths.dtype != torch.int32:
+        raise ValueError(f"page_table and lengths must be int32, got {page_table.dtype} and {lengths.dtype}")
+    if d & (d - 1) or h > 256 or d < 16:
+        raise ValueError(f"D_I must be a power of two >= 16 and H_I <= 256, got D_I={d}, H_I={h}")
+
+
+@triton.jit
+def _score_kernel(
+    q_ptr,
+    w_ptr,
+    k_ptr,
+    ks_ptr,
+    pt_ptr,
+    len_ptr,
+    logits_ptr,
+    H,
+    M,
+    stride_qb,
+    stride_qh,
+    stride_wb,
+    stride_k,
+    stride_pb,
+    stride_lb,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Program (b, p) scores pages p, p + P, ... of row b while they start below the row's length."""
+    pid_b = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    n_prog = tl.num_programs(1)
+    length = tl.minimum(tl.load(len_ptr + pid_b), M)
+    heads = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, D)
+    hmask = heads < H
+    k_ty = k_ptr.dtype.element_ty
+    q = tl.load(q_ptr + pid_b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=hmask[:, None], other=0.0)
+    q = q.to(k_ty)
+    w = tl.load(w_ptr + pid_b * stride_wb + heads, mask=hmask, other=0.0).to(tl.float32)
+    offs = tl.arange(0, PAGE_SIZE)
+    page = pid_p
+    while page * PAGE_SIZE < length:
+        phys = tl.load(pt_ptr + pid_b * stride_pb + page).to(tl.int64)
+        slots = phys * PAGE_SIZE + offs
+        k = tl.load(k_ptr + slots[:, None] * stride_k + d[None, :])
+        if UPCAST:
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        score = tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0) * tl.load(ks_ptr + slots)
+        pos = page * PAGE_SIZE + offs
+        tl.store(logits_ptr + pid_b * stride_lb + pos, score, mask=pos < length)
+        page += n_prog
+
+
+def _launch_scores(q, weights, k_cache, k_scale, page_table, lengths, logits, programs_per_row: int) -> None:
+    b, h, d = q.shape
+    _score_kernel[(b, programs_per_row)](
+        q,
+        weights,
+        k_cache,
+        k_scale,
+        page_table,
+        lengths,
+        logits,
+        h,
+        logits.shape[1],
+        q.stride(0),
+        q.stride(1),
+        weights.stride(0),
+        k_cache.stride(0),
+        page_table.stride(0),
+        logits.stride(0),
+        D=d,
+        BLOCK_H=max(16, triton.next_power_of_2(h)),
+        PAGE_SIZE=PAGE,
+        UPCAST=interpreting(),
+        num_warps=4,
+        num_stages=2,
+    )
+
+
+def _contiguous_rows(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
+
+
+def indexer_scores(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    page_table: torch.Tensor,
+    lengths: torch.Tensor,
+) -> torch.Tensor:
+    """Return logits [B, M] fp32 (M = 64·page_table.shape[1]); only columns [0, lengths[b]) are written.
+
+    q [B, H_I, D_I] and k_cache [slots, D_I] share one dtype (fp8 e4m3 or bf16); weights [B, H_I] fp32 carry the
+    per-head and q scales; k_scale [slots] fp32; page_table [B, pages] int32; lengths [B] int32 on the device.
+    Columns at or past a row's length are left as allocated (torch.empty): writing them would be O(M) work.
+    """
+    check_indexer_inputs(q, weights, k_cache, k_scale, page_table, lengths)
+    require_triton_device(q)
+    q, weights, k_cache, page_table = _contiguous_rows(q, weights, k_cache, page_table)
+    b, m = q.shape[0], PAGE * page_table.shape[1]
+    logits = torch.empty((b, m), dtype=torch.float32, device=q.device)
+    # Not capped by the table width: the grid must not shrink or grow with M, only the row's length bounds work.
+    per_row = max(1, triton.cdiv(SCORE_PROGRAMS_PER_SM * program_slots(q), b))
+    _launch_scores(q, weights, k_cache, k_scale.contiguous(), page_table, lengths, logits, per_row)
+    return logits
+
+
+@triton.jit
+def _sort_key(x):
+    """Map fp32 to int32 so that signed integer order is float order."""
+    i = x.to(tl.int32, bitcast=True)
+    return i ^ ((i >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _emit(out_ptr, dest, pos, ok, pt_ptr, MAP: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Store token positions ``pos`` at ``dest`` (as physical slots through the page table when MAP)."""
+    if MAP:
+        page = tl.load(pt_ptr + pos // PAGE_SIZE, mask=ok, other=0)
+        val = page * PAGE_SIZE + pos % PAGE_SIZE
+    else:
+        val = pos
+    tl.store(out_ptr + dest, val, mask=ok)
+
+
+@triton.jit
+def _topk_kernel(
+    logits_ptr,
+    len_ptr,
+    pt_ptr,
+    out_ptr,
+    M,
+    stride_lb,
+    stride_pb,
+    stride_ob,
+    TOPK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MAP: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+):
+    """Row b: the positions of its TOPK largest logits in [0, L) (unordered), -1 past min(L, TOPK)."""
+    pid_b = tl.program_id(0)
+    length = tl.maximum(tl.minimum(tl.load(len_ptr + pid_b), M), 0)
+    row = logits_ptr + pid_b * stride_lb
+    out = out_ptr + pid_b * stride_ob
+    pt = pt_ptr + pid_b * stride_pb
+    offs = tl.arange(0, BLOCK)
+    if length <= TOPK:
+        # Every token is kept; the rest of the row is -1.
+        start = 0
+        while start < TOPK:
+            pos = start + offs
+            inside = pos < TOPK
+            _emit(out, pos, pos, inside & (pos < length), pt, MAP, PAGE_SIZE)
+            tl.store(out + pos, -1, mask=inside & (pos >= length))
+            start += BLOCK
+    else:
+        # Radix select, 8 bits a pass from the top: find the key T of the TOPK-th largest logit and how many
+        # elements equal to T are still needed (``need``).
+        bins = tl.arange(0, 256)
+        need = tl.sum(tl.zeros([256], tl.int32), axis=0) + TOPK  # an int32 scalar, not a constexpr
+        prefix = need * 0
+        for p in tl.static_range(4):
+            shift = 24 - 8 * p
+            hist = tl.zeros([256], tl.int32)
+            start = 0
+            while start < length:
+                pos = start + offs
+                key = _sort_key(tl.load(row + pos, mask=pos < length, other=0.0))
+                digit = (key >> shift) & 255
+                sel = pos < length
+                if p == 0:
+                    digit = digit ^ 128  # the sign bit: negative keys sort below positive ones
+                else:
+                    sel = sel & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+                hist += tl.histogram(digit, 256, mask=sel)
+                start += BLOCK
+            at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+            chosen = tl.max(tl.where(at_or_above >= need, bins, -1), axis=0)
+            need -= tl.sum(tl.where(bins > chosen, hist, 0), axis=0)
+            if p == 0:
+                chosen = chosen ^ 128
+            prefix = prefix | (chosen << shift)
+        n_above = TOPK - need
+        c_above = 0
+        c_tie = 0
+        start = 0
+        while start < length:
+            pos = start + offs
+            inside = pos < length
+            key = _sort_key(tl.load(row + pos, mask=inside, other=0.0))
+            above = inside & (key > prefix)
+            tie = inside & (key == prefix)
+            rank_above = c_above + tl.cumsum(above.to(tl.int32), axis=0) - 1
+            rank_tie = c_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+            dest = tl.where(above, rank_above, n_above + rank_tie)
+            _emit(out, dest, pos, above | (tie & (rank_tie < need)), pt, MAP, PAGE_SIZE)
+            c_above += tl.sum(above.to(tl.int32), axis=0)
+            c_tie += tl.sum(tie.to(tl.int32), axis=0)
+            start += BLOCK
+
+
+def indexer_topk(
+    logits: torch.Tensor, lengths: torch.Tensor, topk: int, page_table: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Return [B, topk] int32: the positions (or, with ``page_table``, the KV slots) of each row's top-k logits.
+
+    Only logits[b, :lengths[b]] are read; the order within a row is unspecified; rows shorter than topk keep all
+    their tokens and pad with -1 (so the result feeds ``sparse_mla_decode`` directly).
+    """
+    if logits.dim() != 2 or logits.dtype != torch.float32:
+        raise ValueError(f"logits must be [B, M] float32, got {tuple(logits.shape)} {logits.dtype}")
+    if tuple(lengths.shape) != (logits.shape[0],) or lengths.dtype != torch.int32:
+        raise ValueError(f"lengths must be [B] int32 with B={logits.shape[0]}, got {tuple(lengths.shape)}")
+    if topk <= 0:
+        raise ValueError(f"topk must be positive, got {topk}")
+    if page_table is not None and (page_table.dim() != 2 or page_table.shape[0] != logits.shape[0]):
+        raise ValueError(f"page_table must be [B, pages], got {tuple(page_table.shape)}")
+    require_triton_device(logits)
+    b, m = logits.shape
+    logits = logits if logits.stride(1) == 1 else logits.contiguous()
+    out = torch.empty((b, topk), dtype=torch.int32, device=logits.device)
+    table = page_table.contiguous() if page_table is not None else lengths
+    _topk_kernel[(b,)](
+        logits,
+        lengths,
+        table,
+        out,
+        m,
+        logits.stride(0),
+        table.stride(0) if page_table is not None else 0,
+        out.stride(0),
+        TOPK=topk,
+        BLOCK=TOPK_BLOCK,
+        MAP=page_table is not None,
+        PAGE_SIZE=PAGE,
+        num_warps=8,
+    )
+    return out
+
+
+def lightning_indexer(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    page_table: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+) -> torch.Tensor:
+    """Score each row over its own length and return its top-k KV slots [B, topk] int32 (-1 padded)."""
+    logits = indexer_scores(q, weights, k_cache, k_scale, page_table, lengths)
+    return indexer_topk(logits, lengths, topk, page_table)
+
+
+def naive_indexer_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    page_table: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+) -> torch.Tensor:
+    """The O(max_context) form, for the benchmark only: same result, work sized by M instead of L.
+
+    It launches one scoring program per page of the padded table (those past the length return at once),
+    fills a [B, M] logits tensor with -inf every call, and runs torch.topk over the full width.
+    """
+    check_indexer_inputs(q, weights, k_cache, k_scale, page_table, lengths)
+    require_triton_device(q)
+    q, weights, k_cache, page_table = _contiguous_rows(q, weights, k_cache, page_table)
+    b, pages = page_table.shape
+    m = PAGE * pages
+    k = min(topk, m)
+    logits = torch.full((b, m), float("-inf"), dtype=torch.float32, device=q.device)
+    _launch_scores(q, weights, k_cache, k_scale.contiguous(), page_table, lengths, logits, pages)
+    values, pos = torch.topk(logits, k, dim=1)
+    pos = pos.to(torch.int32)
+    slots = torch.gather(page_table, 1, (pos // PAGE).long()) * PAGE + pos % PAGE
+    slots = torch.where(values == float("-inf"), torch.full_like(slots, -1), slots)
+    if k < topk:
+        slots = torch.cat([slots, slots.new_full((b, topk - k), -1)], dim=1)
+    return slots

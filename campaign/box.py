@@ -9,7 +9,7 @@ folders). Each returns values; the CLI prints them. Each reconciles the runs tha
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from campaign.config import Loaded
@@ -17,9 +17,9 @@ from campaign.hosts.base import Host
 from campaign.lock import HostLock, describe_owner, host_state_dir
 from campaign.processes import marked_anywhere
 from campaign.readiness import health_status
-from campaign.records import HostStatus, KnownGoodRef, LockHolder, ProcessRef, ServerState
-from campaign.server import ServerControl, StopReport
-from campaign.store import Healing, Store
+from campaign.records import Healing, HostStatus, KnownGoodRef, LockHolder, ProcessRef, ServerState, StopReport
+from campaign.server import ServerControl
+from campaign.store import Store
 
 
 @dataclass
@@ -30,16 +30,6 @@ class StopOutcome:
     stop: StopReport
     reconciled: list[str] = field(default_factory=list)
     lock_taken_over: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The `campaign stop --json` document."""
-        return {
-            "host": self.host,
-            **self.stop.__dict__,
-            "pids": list(self.stop.pids),
-            "reconciled": self.reconciled,
-            "lock_taken_over": self.lock_taken_over,
-        }
 
 
 def stop_box(loaded: Loaded, host: Host, store: Store, *, force: bool = False) -> StopOutcome:
@@ -57,7 +47,7 @@ def stop_box(loaded: Loaded, host: Host, store: Store, *, force: bool = False) -
         rep = control.stop(None, grace_s=exp.timeouts.stop_grace_s)
         if taken is not None:
             how = "broke with --force" if taken.get("how") == "forced" else "took over (its CLI was gone)"
-            rep = replace(rep, detail=f"{rep.detail}; {how} the lock of {describe_owner(taken)}")
+            rep = rep.model_copy(update={"detail": f"{rep.detail}; {how} the lock of {describe_owner(taken)}"})
     finally:
         lock.release()
     return StopOutcome(host=host.name, stop=rep, reconciled=reconciled, lock_taken_over=taken)

@@ -43,7 +43,7 @@ class _Group(TyperGroup):
             if "--json" in sys.argv[1:]:
                 from campaign.outcome import error_doc
 
-                sys.stdout.write(json.dumps(error_doc(e), indent=2) + "\n")
+                sys.stdout.write(error_doc(e).model_dump_json(indent=2) + "\n")
             raise typer.Exit(e.exit_code) from None
         except Interrupted as e:
             sys.stderr.write(f"{e.name}: interrupted before anything was done\n")
@@ -195,7 +195,7 @@ def run(
 @app.command()
 def status(ctx: typer.Context, config: ConfigArg, set_: SetOpt = None, json_out: JsonOpt = False) -> None:
     """What runs on the experiment's host now (spec, PID/PGID, uptime, health) and its known-good."""
-    from campaign.console.run import render_status
+    from campaign.console.box import render_status
 
     out = Output(json=json_out)
     states = _ops(ctx).status(config, set_ or [])
@@ -213,13 +213,13 @@ def stop(
     ctx: typer.Context, config: ConfigArg, set_: SetOpt = None, force: ForceOpt = False, json_out: JsonOpt = False
 ) -> None:
     """Stop what campaign runs on the experiment's host (TERM, grace, KILL) and verify the box is clean."""
-    from campaign.console.run import render_stop
-    from campaign.server import StopReport
+    from campaign.console.box import render_stop
 
     out = Output(json=json_out)
     stops = _ops(ctx).stop(config, set_ or [], force=force)
     if json_out:
-        docs = [json.loads(TypeAdapter(StopReport).dump_json(s.report)) for s in stops]
+        # One host: its document; a fleet: a list of them, one per host (as `status`).
+        docs = [json.loads(s.report.model_dump_json()) for s in stops]
         out.print_json(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
     else:
         for stopped in stops:
@@ -251,8 +251,8 @@ def runs(
     json_out: JsonOpt = False,
 ) -> None:
     """A table of past runs (newest first), or failures grouped by fingerprint."""
-    from campaign.console.run import render_failures, render_runs
-    from campaign.store import FailureGroup, RunRow
+    from campaign.console.box import render_failures, render_runs
+    from campaign.records import FailureGroup, RunRow
 
     out = Output(json=json_out)
     store = _ops(ctx).store
@@ -273,12 +273,12 @@ def runs(
 @app.command()
 def doctor(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     """Rebuild the run index from the run folders' report.json files and prune rows whose folder is gone."""
-    from campaign.console.run import render_healing
+    from campaign.console.box import render_healing
 
     out = Output(json=json_out)
     healing = _ops(ctx).doctor()
     if json_out:
-        out.print_json(json.dumps(healing.__dict__, indent=2))
+        out.print_json(healing.model_dump_json(indent=2))
     else:
         render_healing(out.out, healing)
 

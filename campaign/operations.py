@@ -37,18 +37,20 @@ from campaign.records import (
     BenchSettings,
     FlagsChecked,
     FlagsUnchecked,
+    Healing,
     HostStatus,
     PlanEntry,
     PlanEstimate,
     RequestRow,
     RunPlan,
     RunReport,
+    StopReport,
 )
 from campaign.redaction import mask_env
 from campaign.resume import check_resumable
-from campaign.server import ServerControl, StopReport
+from campaign.server import ServerControl
 from campaign.statistics import Correction
-from campaign.store import Healing, KnownGood, Store
+from campaign.store import KnownGood, Store
 
 #: What a failed variant leads to, as a dry run says it.
 ON_FAILURE = "diagnose, stop, relaunch the known-good and prove it (readiness + smoke)"

@@ -10,10 +10,9 @@
 from __future__ import annotations
 
 import signal
-from typing import Any
 
 from campaign.errors import CampaignError, ConfigError, LockHeld
-from campaign.records import RunReport
+from campaign.records import ErrorDocument, RunReport
 
 
 def exit_code(report: RunReport) -> int:
@@ -26,16 +25,11 @@ def exit_code(report: RunReport) -> int:
     return {"passed": 0, "failed": 1, "restore_failed": 3}.get(report.status, 3)
 
 
-def error_doc(err: CampaignError) -> dict[str, Any]:
+def error_doc(err: CampaignError) -> ErrorDocument:
     """The ``--json`` document of a command that ended with ``err`` (nothing else goes to stdout then)."""
-    doc: dict[str, Any] = {
-        "error": err.message,
-        "kind": type(err).__name__,
-        "hint": err.hint,
-        "exit_code": err.exit_code,
-    }
+    doc = ErrorDocument(error=err.message, kind=type(err).__name__, hint=err.hint, exit_code=err.exit_code)
     if isinstance(err, LockHeld):
-        doc["holder"] = err.holder
+        doc.holder = err.holder
     if isinstance(err, ConfigError):
-        doc.update(file=err.file, line=err.line, field=err.field)
+        doc.file, doc.line, doc.field = err.file, err.line, err.field
     return doc

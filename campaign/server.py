@@ -41,7 +41,7 @@ from campaign.hosts.base import Host
 from campaign.hosts.slurm import Job, SlurmHost
 from campaign.lock import ensure_state_dir, host_state_dir
 from campaign.processes import TREE_VAR, PortHolders, Proc, port_holders, tree
-from campaign.records import LaunchSpec
+from campaign.records import LaunchSpec, StopReport
 
 q = shlex.quote
 
@@ -79,21 +79,6 @@ class Running:
         exp = f" of experiment {self.experiment}" if self.experiment else ""
         where = f"Slurm job {self.job_id} on {self.node}" if self.job_id else f"pgid {self.pgid}"
         return f"{self.variant}{exp} (run {self.run_id}, {where}, port {self.port})"
-
-
-@dataclass(frozen=True)
-class StopReport:
-    """What a stop did and found."""
-
-    stopped: bool
-    clean: bool
-    killed: bool
-    seconds: float
-    detail: str
-    #: PIDs of the tree that were signalled (the group leader and every descendant found).
-    pids: tuple[int, ...] = ()
-    #: A process campaign did not start that holds the stopped server's port (left alone), if any.
-    foreign: str | None = None
 
 
 class ServerControl:

@@ -27,11 +27,11 @@ import re
 import secrets
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from campaign.errors import StoreError
-from campaign.records import Final, LaunchSpec, RunReport, SmokeResult
+from campaign.records import FailureGroup, Final, Healing, LaunchSpec, RunReport, RunRow, SmokeResult
 
 #: A run id (or a prefix of one): the characters config.NAME_RE allows, so a reference never climbs out of the store.
 _RUN_REF = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
@@ -75,36 +75,6 @@ class KnownGood:
 
 
 @dataclass(frozen=True)
-class RunRow:
-    """One line of `campaign runs`."""
-
-    run_id: str
-    experiment: str
-    host: str
-    recipe: str
-    started_at: str
-    ended_at: str | None
-    status: str
-    attempts: int
-    passed: int
-    failed: int
-    final_variant: str | None
-
-
-@dataclass(frozen=True)
-class FailureGroup:
-    """Failures that share a fingerprint: the same cause seen again."""
-
-    fingerprint: str
-    kind: str
-    count: int
-    first_seen: str
-    last_seen: str
-    variants: list[str]
-    runs: list[str]
-
-
-@dataclass(frozen=True)
 class StoredFailure:
     """A failed attempt in the store, as the known-failure lookup finds it."""
 
@@ -125,18 +95,6 @@ class StoredFailure:
 def now_iso() -> str:
     """The local time as an ISO 8601 string with offset."""
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-@dataclass
-class Healing:
-    """What ``Store.heal`` did: an index rebuilt (and why), rows pruned."""
-
-    rebuilt: str | None = None
-    reports: int = 0
-    known_goods: int = 0
-    moved_aside: str | None = None
-    pruned: list[str] = field(default_factory=list)
-    unreadable: list[str] = field(default_factory=list)
 
 
 class Store:
@@ -355,7 +313,8 @@ class Store:
         sql = "SELECT * FROM runs ORDER BY started_at DESC, run_id DESC"
         rows = con.execute(sql + (f" LIMIT {int(limit)}" if limit else "")).fetchall()
         con.close()
-        return [RunRow(*r) for r in rows]
+        # The runs table's columns are RunRow's fields, in the same order.
+        return [RunRow(**dict(zip(RunRow.model_fields, r, strict=True))) for r in rows]
 
     def failures(self) -> list[FailureGroup]:
         """Failed attempts grouped by fingerprint, most frequent first."""

@@ -15,13 +15,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel
 
 from campaign import __version__
+from campaign.bench.testing import ScheduledServer
 from campaign.compare import Comparison
-from campaign.records import Diagnosis, HostStatus, RunPlan, RunReport
-from campaign.server import StopReport
-from campaign.store import RunRow
+from campaign.records import (
+    BenchResult,
+    Diagnosis,
+    ErrorDocument,
+    FailureGroup,
+    Healing,
+    HostStatus,
+    RunPlan,
+    RunReport,
+    RunRow,
+    StopReport,
+)
 from tests.fixtures.stored import kept
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,6 +138,13 @@ def _as(model: type[BaseModel], text: str) -> dict[str, Any]:
     return doc
 
 
+def _as_list(model: type[BaseModel], text: str) -> list[dict[str, Any]]:
+    """``text`` parsed, after checking it is a list whose every item is exactly ``model``'s serialisation."""
+    docs = json.loads(text)
+    assert isinstance(docs, list)
+    return [_as(model, json.dumps(doc)) for doc in docs]
+
+
 @pytest.fixture
 def store_with_a_run(tmp_path: Path) -> tuple[Path, str]:
     raw = json.loads(STORED.read_text())
@@ -164,7 +181,35 @@ def test_compare_json_is_a_comparison(store_with_a_run: tuple[Path, str]) -> Non
 def test_runs_json_is_a_list_of_rows(tmp_path: Path) -> None:
     res = campaign("runs", "--json", runs=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert TypeAdapter(list[RunRow]).validate_json(res.stdout) == []
+    assert _as_list(RunRow, res.stdout) == []
+
+
+def test_runs_and_failures_json_of_a_stored_run(store_with_a_run: tuple[Path, str]) -> None:
+    runs, run_id = store_with_a_run
+    listed = campaign("runs", "--json", runs=runs)
+    assert listed.returncode == 0, listed.stderr
+    (row,) = _as_list(RunRow, listed.stdout)
+    assert row["run_id"] == run_id and row["failed"] == 2
+    failures = campaign("runs", "--failures", "--json", runs=runs)
+    assert failures.returncode == 0, failures.stderr
+    (group,) = _as_list(FailureGroup, failures.stdout)
+    assert group["count"] == 2 and group["runs"] == [run_id]
+
+
+def test_doctor_json_is_the_healing(store_with_a_run: tuple[Path, str]) -> None:
+    runs, _ = store_with_a_run
+    res = campaign("doctor", "--json", runs=runs)
+    assert res.returncode == 0, res.stderr
+    doc = _as(Healing, res.stdout)
+    assert doc["rebuilt"] == "asked" and doc["reports"] == 1 and doc["unreadable"] == []
+
+
+def test_bench_json_is_a_bench_result() -> None:
+    with ScheduledServer(ttft_ms=2, itl_ms=1, tokens=2) as srv:
+        res = campaign("bench", srv.url, "-c", "1", "-n", "2", "--warmup", "0", "--json")
+    assert res.returncode == 0, res.stderr
+    doc = _as(BenchResult, res.stdout)
+    assert [lv["label"] for lv in doc["levels"]] == ["c=1"]
 
 
 def test_status_and_stop_json_on_a_quiet_host(tmp_path: Path) -> None:
@@ -175,11 +220,24 @@ def test_status_and_stop_json_on_a_quiet_host(tmp_path: Path) -> None:
     assert doc["running"] is None and doc["host"] == "local"
     stop = campaign("stop", "quickstart", "--set", box, "--json", runs=tmp_path)
     assert stop.returncode == 0, stop.stderr
-    report = TypeAdapter(StopReport).validate_json(stop.stdout)
-    assert report.clean and not report.stopped
+    report = _as(StopReport, stop.stdout)
+    assert report["clean"] and not report["stopped"]
 
 
 def test_diagnose_json_is_a_diagnosis() -> None:
     res = campaign("diagnose", str(A_LOG), "--json")
     assert res.returncode == 0, res.stderr
     assert _as(Diagnosis, res.stdout)["kind"]
+
+
+def test_an_error_under_json_is_an_error_document(tmp_path: Path) -> None:
+    unknown = campaign("show", "no-such-run", "--json", runs=tmp_path)
+    assert unknown.returncode == 2
+    doc = _as(ErrorDocument, unknown.stdout)
+    assert doc["kind"] == "StoreError" and doc["exit_code"] == 2 and doc["file"] is None
+    binary = tmp_path / "exp.yaml"
+    binary.write_bytes(bytes(range(256)))
+    bad = campaign("run", str(binary), "--dry-run", "--json", runs=tmp_path)
+    assert bad.returncode == 2
+    doc = _as(ErrorDocument, bad.stdout)
+    assert doc["kind"] == "ConfigError" and doc["file"] == str(binary)

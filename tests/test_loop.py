@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from campaign.hosts.ssh.testing import SSHServer, cut_connections, start_test_sshd
-from campaign.records import HostStatus, RunSummary
+from campaign.records import ErrorDocument, HostStatus, RunSummary
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "hf_s3cr3t-value-0123456789"
@@ -193,11 +193,17 @@ def test_restore_command_relaunches_known_good(sshd: SSHServer, tmp_path: Path) 
     empty = campaign("restore", str(path), "--json", runs=runs)
     assert empty.returncode == 3
     assert "no known-good" in empty.stderr
+    # Under --json the error is an ErrorDocument, key for key.
+    refused = json.loads(empty.stdout)
+    assert json.loads(ErrorDocument.model_validate(refused).model_dump_json()) == refused
+    assert refused["kind"] == "RestoreFailed" and refused["exit_code"] == 3
     first = json.loads(campaign("run", str(path), "--json", runs=runs).stdout)
     assert first["exit_code"] == 0
     res = campaign("restore", str(path), "--json", runs=runs)
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
+    # The document is a RunSummary, key for key.
+    assert json.loads(RunSummary.model_validate(doc).model_dump_json()) == doc
     assert doc["attempts"][0]["role"] == "restore"
     assert doc["attempts"][0]["spec_hash"] == first["attempts"][0]["spec_hash"]
     assert doc["final"]["healthy"] is True

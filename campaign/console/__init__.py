@@ -1,7 +1,8 @@
 """Everything campaign shows a person: the only package that imports rich.
 
 ``Output`` holds two rich consoles: ``out`` (stdout: tables, reports, JSON) and ``err`` (stderr: progress, prose and
-errors), so ``--json`` keeps stdout pure JSON. Submodules render one area each (run, diagnosis, bench, compare).
+errors), so ``--json`` keeps stdout pure JSON. Submodules render one area each (run, box, diagnosis, bench, compare,
+profile).
 """
 
 from __future__ import annotations

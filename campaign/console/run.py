@@ -1,11 +1,14 @@
-"""Rendering of runs: the live display of a campaign, the plan of a dry run, reports, run lists and status."""
+"""Rendering of runs: the live display of a campaign, the plan of a dry run, reports, errors.
+
+What the store and the box show (run lists, failures, a host's status, a stop, the doctor) is in ``console.box``.
+"""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -22,10 +25,8 @@ from campaign.config import shell_line
 from campaign.console.bench import bench_progress, sla_line
 from campaign.console.profile import profile_plan, render_profile
 from campaign.operations import Plan, host_label
-from campaign.records import Attempt, BenchEvent, HostStatus, RunReport
+from campaign.records import Attempt, BenchEvent, RunReport
 from campaign.redaction import mask_env
-from campaign.server import StopReport
-from campaign.store import FailureGroup, Healing, RunRow
 
 _OUTCOME_STYLE = {"passed": "green", "failed": "red", "skipped": "yellow"}
 _RESTORE_STYLE = {"restored": "green", "failed": "bold red", "not_needed": "dim"}
@@ -315,7 +316,7 @@ def render_report(console: Console, report: RunReport) -> None:
     """`campaign show`: one run's attempts, diagnoses, restores, attribution and final state."""
     console.print(
         f"[bold]{escape(report.run_id)}[/]  {escape(report.experiment)} on {escape(report.host)} "
-        f"({escape(report.recipe)})  status: [{_status_style(report.status)}]{report.status}[/]"
+        f"({escape(report.recipe)})  status: [{status_style(report.status)}]{report.status}[/]"
     )
     console.print(f"started {report.started_at}, ended {report.ended_at or '-'}")
     fleet = bool(report.hosts)
@@ -372,7 +373,7 @@ def _render_hosts(console: Console, report: RunReport) -> None:
         state = "[green]healthy[/]" if fin.healthy else "[red]not healthy[/]"
         left = f"{escape(fin.variant)} {state}" if fin.variant else escape(fin.detail or "nothing running")
         console.print(
-            f"  {escape(h.host)}: [{_status_style(h.status)}]{h.status}[/], {base}; final: {left}"
+            f"  {escape(h.host)}: [{status_style(h.status)}]{h.status}[/], {base}; final: {left}"
             + (f" — {escape(h.note)}" if h.note else "")
         )
     if report.not_run:
@@ -400,7 +401,8 @@ def _render_long_run(console: Console, report: RunReport) -> None:
         console.print(f"[yellow]ended early[/]: {escape(report.ended_early)}")
 
 
-def _status_style(status: str) -> str:
+def status_style(status: str) -> str:
+    """The colour a run's status is shown in (run reports here, run lists in ``console.box``)."""
     styles = {"passed": "green", "failed": "yellow", "restore_failed": "bold red", "aborted": "red"}
     return styles.get(status, "yellow")  # interrupted, running
 
@@ -420,103 +422,6 @@ def _attempt_cells(a: Attempt) -> list[str | Text]:
         kind,
         Text(restore, style=_RESTORE_STYLE.get(restore, "")),
     ]
-
-
-def render_runs(console: Console, rows: Sequence[RunRow]) -> None:
-    """`campaign runs`: a table of past runs, newest first."""
-    if not rows:
-        console.print("no runs yet: try `campaign run quickstart`")
-        return
-    t = Table(show_header=True, header_style="bold")
-    for col in ("run", "experiment", "host", "started", "status", "attempts", "passed", "failed", "final"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(
-            r.run_id,
-            r.experiment,
-            r.host,
-            r.started_at,
-            Text(r.status, style=_status_style(r.status)),
-            str(r.attempts),
-            str(r.passed),
-            str(r.failed),
-            r.final_variant or "",
-        )
-    console.print(t)
-
-
-def render_failures(console: Console, groups: Sequence[FailureGroup]) -> None:
-    """`campaign runs --failures`: failures grouped by fingerprint."""
-    if not groups:
-        console.print("no failures recorded")
-        return
-    t = Table(show_header=True, header_style="bold")
-    for col in ("fingerprint", "kind", "count", "first seen", "last seen", "variants", "runs"):
-        t.add_column(col, overflow="fold")
-    for g in groups:
-        t.add_row(
-            g.fingerprint,
-            g.kind,
-            str(g.count),
-            g.first_seen,
-            g.last_seen,
-            ", ".join(g.variants),
-            ", ".join(g.runs[-3:]) + (f" (+{len(g.runs) - 3})" if len(g.runs) > 3 else ""),
-        )
-    console.print(t)
-
-
-def render_status(console: Console, status: HostStatus) -> None:
-    """`campaign status`: what runs on the host now and its known-good."""
-    console.print(f"[bold]{escape(status.host)}[/]")
-    cur = status.running
-    if cur:
-        health = status.health
-        alive = "[green]alive[/]" if cur.alive else "[red]dead[/]"
-        console.print(
-            f"  running: {escape(cur.variant)} (spec {cur.spec_hash}, run {cur.run_id}) {alive}, "
-            f"pid {cur.pid} pgid {cur.pgid}, port {cur.port}, up {cur.uptime_s:.0f} s, "
-            f"health {health if health is not None else 'no answer'}"
-        )
-        if cur.other_experiment:
-            console.print(
-                f"  [yellow]this server belongs to experiment {escape(cur.experiment)}[/], "
-                f"not {escape(status.experiment or '?')}"
-            )
-    else:
-        console.print("  running: nothing campaign started")
-    for proc in status.untracked:
-        console.print(f"  [red]untracked[/]: pid {proc.pid} ({escape(proc.command)}), started by campaign")
-    if status.lock is not None:
-        stale = " [yellow](stale: its CLI is gone)[/]" if status.lock.stale else ""
-        console.print(f"  locked by {escape(status.lock.text)}{stale}")
-    for run_id in status.reconciled:
-        console.print(f"  run {escape(run_id)}: its CLI died; now recorded as interrupted")
-    kg = status.known_good
-    if kg:
-        console.print(
-            f"  known-good: {escape(kg.variant)} (spec {kg.spec_hash}, proven in run {kg.run_id} at {kg.proven_at})"
-        )
-    else:
-        console.print("  known-good: none yet")
-
-
-def render_stop(console: Console, host: str, report: StopReport) -> None:
-    """`campaign stop`: what was stopped on the host, and how long it took."""
-    console.print(f"{host}: {report.detail}" + (f" in {report.seconds:.1f} s" if report.stopped else ""))
-    if report.foreign:
-        console.print(f"  {escape(report.foreign)}")
-
-
-def render_healing(console: Console, healing: Healing) -> None:
-    """`campaign doctor`: what the rebuild of the run index found."""
-    aside = f"; the old one kept as {healing.moved_aside}" if healing.moved_aside else ""
-    console.print(
-        f"index rebuilt from {healing.reports} report(s) and {healing.known_goods} known-good record(s){aside}",
-        markup=False,
-    )
-    for name in healing.unreadable:
-        console.print(f"  unreadable, left out: {name}", markup=False)
 
 
 def render_error(console: Console, message: str, hint: str | None) -> None:

@@ -15,7 +15,9 @@ gates) read and build them; only ``store`` writes them to disk.
     ├── attribution: [Finding]        findings.py
     └── environment: Environment
 
-    RunPlan, RunSummary, HostStatus   documents.py: what commands print with --json
+    RunPlan, RunSummary, HostStatus,  documents.py: what commands print with --json
+    StopReport, RunRow, FailureGroup,
+    Healing, ErrorDocument
 
 Format history (``SCHEMA_VERSION``, written as ``RunReport.schema_version``; ``BenchResult.schema_version`` has its
 own, ``RESULT_SCHEMA_VERSION``):
@@ -50,8 +52,11 @@ from campaign.records.benchmark import (
 from campaign.records.documents import (
     AttemptSummary,
     DiagnosisSummary,
+    ErrorDocument,
+    FailureGroup,
     FlagsChecked,
     FlagsUnchecked,
+    Healing,
     HostStatus,
     KnownGoodRef,
     LockHolder,
@@ -60,9 +65,11 @@ from campaign.records.documents import (
     ProcessRef,
     RestoreSummary,
     RunPlan,
+    RunRow,
     RunSummary,
     ServerState,
     SmokeCount,
+    StopReport,
     VariantCost,
 )
 from campaign.records.findings import Finding
@@ -115,13 +122,16 @@ __all__ = [
     "Diagnosis",
     "DiagnosisSummary",
     "Environment",
+    "ErrorDocument",
     "Evidence",
+    "FailureGroup",
     "Final",
     "Finding",
     "FlagsChecked",
     "FlagsUnchecked",
     "Gate",
     "GateResult",
+    "Healing",
     "HostRun",
     "HostStatus",
     "KernelTime",
@@ -149,6 +159,7 @@ __all__ = [
     "Role",
     "RunPlan",
     "RunReport",
+    "RunRow",
     "RunStatus",
     "RunSummary",
     "ServerState",
@@ -160,6 +171,7 @@ __all__ = [
     "SmokeCount",
     "SmokeResult",
     "SmokeVerdict",
+    "StopReport",
     "Timings",
     "VariantCost",
     "percentile",

@@ -1,15 +1,17 @@
-"""The documents commands print with ``--json``: a dry run's plan, a run's summary, a host's status.
+"""The documents commands print with ``--json``: a dry run's plan, a run's summary, a host's status, a stop, the
+run list, failures grouped, the index's healing, and an error.
 
 Each is a record, so what ``--json`` prints is ``model_dump_json`` of a value the core returned, and its shape is
 the model's JSON schema (``RunSummary.model_json_schema()``). The full report is ``RunReport`` itself (``campaign
-show --json``); a bench is ``BenchResult`` (``campaign bench --json``); a diagnosis is ``Diagnosis``.
+show --json``); a bench is ``BenchResult`` (``campaign bench --json``); a diagnosis is ``Diagnosis``. A command that
+serves a fleet (``status``, ``stop``) prints a list of its documents, one per host; ``runs`` prints a list of rows.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from campaign.records.benchmark import BenchResult
 from campaign.records.findings import Finding
@@ -285,3 +287,82 @@ class HostStatus(BaseModel):
     #: Runs whose CLI died, recorded ``interrupted`` by this look.
     reconciled: list[str] = Field(default_factory=list)
     known_good: KnownGoodRef | None = None
+
+
+class StopReport(BaseModel):
+    """`campaign stop --json` (one per host): what a stop did and found (``ServerControl.stop`` returns it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stopped: bool
+    clean: bool
+    killed: bool
+    seconds: float
+    detail: str
+    #: PIDs of the tree that were signalled (the group leader and every descendant found).
+    pids: tuple[int, ...] = ()
+    #: A process campaign did not start that holds the stopped server's port (left alone), if any.
+    foreign: str | None = None
+
+
+class RunRow(BaseModel):
+    """`campaign runs --json` (a list of them): one stored run, as the store's index lists it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    experiment: str
+    host: str
+    recipe: str
+    started_at: str
+    ended_at: str | None
+    status: str
+    attempts: int
+    passed: int
+    failed: int
+    final_variant: str | None
+
+
+class FailureGroup(BaseModel):
+    """`campaign runs --failures --json` (a list of them): failures that share a fingerprint, the same cause again."""
+
+    model_config = ConfigDict(frozen=True)
+
+    fingerprint: str
+    kind: str
+    count: int
+    first_seen: str
+    last_seen: str
+    variants: list[str]
+    runs: list[str]
+
+
+class Healing(BaseModel):
+    """`campaign doctor --json`: what ``Store.heal`` did: an index rebuilt (and why), rows pruned."""
+
+    #: Why the index was rebuilt (``asked``, ``missing``, ``empty``, ``unreadable (...)``), or None when it was not.
+    rebuilt: str | None = None
+    reports: int = 0
+    known_goods: int = 0
+    #: Where a corrupt index was moved aside, if one was.
+    moved_aside: str | None = None
+    #: Runs whose folder is gone, their rows pruned from the index.
+    pruned: list[str] = Field(default_factory=list)
+    #: Run folders whose report.json could not be read (left out of the index).
+    unreadable: list[str] = Field(default_factory=list)
+
+
+class ErrorDocument(BaseModel):
+    """Any command's ``--json`` document when an error ended it (its prose went to stderr)."""
+
+    error: str
+    #: The error's class in ``campaign.errors`` (``ConfigError``, ``LockHeld``, ...).
+    kind: str
+    hint: str | None
+    exit_code: int
+    #: A refused lock (``LockHeld``): who holds it.
+    holder: str | None = None
+    #: A config error (``ConfigError``): the file, line and field it names, where known.
+    file: str | None = None
+    line: int | None = None
+    field: str | None = None

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the H200 machine: install the carried wheels, then run the GPU checks and benchmarks.
-# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [kernels-quick] [kernels-bench] [longctx-model] [diagnose] [tune] [refserver] [train] [loop] [sla] [ssh] [profile]
+# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [kernels-quick] [kernels-bench] [longctx-model] [diagnose] [tune] [refserver] [train] [loop] [sla] [indexer] [ssh] [profile]
 # Results go under $OUT (or ./gpu-out when OUT is unset). Carry `.whl` (built by scripts/build_wheels.sh) with the call,
 # and `.deb` (scripts/build_debs.sh) for the `ssh` section.
 set -uo pipefail
@@ -82,6 +82,14 @@ for s in "${sections[@]}"; do
                python3 -m campaign.cli --runs-dir /tmp/campaign-runs show last >"$OUT/sla-show.txt" 2>&1
                python3 -m campaign.cli --runs-dir /tmp/campaign-runs compare last >"$OUT/sla-compare.txt" 2>&1
                tail -5 "$OUT/sla.err"; head -80 "$OUT/sla-show.txt"; head -60 "$OUT/sla-compare.txt" ;;
+    # indexer: the O(context) against the O(max_context) indexer at 128k max context (configs/h200-indexer.yaml,
+    # the local host), then the comparison over the launches.
+    indexer)   timeout "${INDEXER_TIMEOUT_S:-300}" python3 -m campaign.cli --runs-dir /tmp/campaign-runs run \
+                 configs/h200-indexer.yaml --json >"$OUT/indexer.json" 2>"$OUT/indexer.err"; code=$?
+               echo "campaign run exit $code"; [ "$code" -le 1 ] || rc=1
+               python3 -m campaign.cli --runs-dir /tmp/campaign-runs show last >"$OUT/indexer-show.txt" 2>&1
+               python3 -m campaign.cli --runs-dir /tmp/campaign-runs compare last >"$OUT/indexer-compare.txt" 2>&1
+               tail -5 "$OUT/indexer.err"; head -30 "$OUT/indexer-show.txt"; sed -n '/^Metrics/,$p' "$OUT/indexer-compare.txt" ;;
     # ssh: the campaign over SSH, not as a local host (configs/h200-ssh.yaml): scripts/device_sshd.sh unpacks the
     # carried .deb/ under /tmp/campaign-sshd and starts an sshd on 127.0.0.1 (throwaway keys, the host key checked
     # from its known_hosts); vars.python is this shell's python3 by its full path, since the login shell's rc files
@@ -96,11 +104,15 @@ for s in "${sections[@]}"; do
                    "${sets[@]}" --json >"$OUT/ssh.json" 2>"$OUT/ssh.err"; code=$?
                  echo "campaign run exit $code"; [ "$code" -le 1 ] || rc=1
                  python3 -m campaign.cli --runs-dir /tmp/campaign-runs-ssh show last >"$OUT/ssh-show.txt" 2>&1
+                 # The comparison over the run's launches (a run of one launch each says "not significant").
+                 python3 -m campaign.cli --runs-dir /tmp/campaign-runs-ssh compare last >"$OUT/ssh-compare.txt" 2>&1
+                 python3 -m campaign.cli --runs-dir /tmp/campaign-runs-ssh compare last --json \
+                   >"$OUT/ssh-compare.json" 2>/dev/null
                  run_id=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["run_id"])' "$OUT/ssh.json" \
                    2>/dev/null) && tar czf "$OUT/ssh-run.tgz" -C /tmp/campaign-runs-ssh "$run_id"
                  bash scripts/device_sshd.sh stop || rc=1
                  { echo "--- sshd's own log"; cat /tmp/campaign-sshd/sshd.log; } >>"$OUT/ssh-sshd.log"
-                 tail -5 "$OUT/ssh.err"; head -40 "$OUT/ssh-show.txt"
+                 tail -5 "$OUT/ssh.err"; head -40 "$OUT/ssh-show.txt"; head -40 "$OUT/ssh-compare.txt"
                  echo "--- summary (ssh): campaign exit $code; sshd accepted $(grep -c 'Accepted publickey' \
                    /tmp/campaign-sshd/sshd.log) key logins; host key checked against /tmp/campaign-sshd/known_hosts"
                  python3 - "$OUT/ssh.json" <<'PY' || echo "no report (see ssh.err)"
@@ -125,7 +137,7 @@ PY
                if [ -z "$ncu_bin" ]; then echo "no ncu on this machine" | tee "$OUT/ncu.txt"
                else timeout 150 "$ncu_bin" --kernel-name regex:_mma_decode_kernel --launch-skip 3 --launch-count 1 \
                       --set full python3 scripts/ncu_mma.py >"$OUT/ncu.txt" 2>&1 || rc=1; tail -150 "$OUT/ncu.txt"; fi ;;
-    *) echo "unknown section: $s (kernels, kernels-quick, tune, refserver, train, loop, sla, ssh, profile)"; rc=2 ;;
+    *) echo "unknown section: $s (kernels, kernels-quick, kernels-bench, longctx-model, diagnose, tune, refserver, train, loop, sla, indexer, ssh, profile)"; rc=2 ;;
   esac
 done
 exit $rc

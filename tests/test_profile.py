@@ -371,3 +371,16 @@ def test_a_profiled_vllm_experiment_launches_with_a_profiler_config_its_help_lis
     sglang = load_recipe("sglang").profile
     assert sglang is not None and not sglang.launch_args and sglang.start.body is not None
     assert sglang.start.body["output_dir"] == "{output_dir}" and load_recipe("transformers").profile is None
+
+
+def test_a_profiled_run_can_ask_for_fewer_tokens_than_the_bench() -> None:
+    # A trace grows with every decode step (272 MB for 4 requests of 512 tokens at 8k contexts on the H200), so the
+    # profiled run may ask for fewer tokens; everything else about the level stays the bench's.
+    bench = BenchSettings.model_validate(
+        {"prompts": "long-context", "input_len": 8192, "output_len": 512, "concurrency": [32], "requests": 64}
+    )
+    short = ProfileSettings(level=32, requests=4, output_len=32).run_settings(bench)
+    assert (short.output_len, short.effective_max_tokens(), short.requests) == (32, 32, 4)
+    assert (short.input_len, short.prompts, short.concurrency) == (8192, "long-context", [32])
+    same = ProfileSettings(level=32).run_settings(bench)
+    assert (same.output_len, same.effective_max_tokens(), same.requests) == (512, 512, 64)

@@ -703,7 +703,7 @@ def _not_ready(ctx: _Context) -> Diagnosis:
             "cuda_graph_capture_failed",
             0.7 if wrappers else 0.55,
             evidence,
-            f"startup {how} during CUDA-graph capture{where}; no more specific cause in the log",
+            f"startup {how} during CUDA-graph capture{where}",
         )
 
     # The whole line too: zsh's "[1]    16261 killed     python3 ..." loses its job number to prefix peeling.

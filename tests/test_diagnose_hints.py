@@ -75,6 +75,13 @@ EXAMPLES = {
     + "minutes.\n[2026-12-01 10:00:44 TP0] Registering 0 cuda graph addresses\n"
     + "[2026-12-01 10:00:44 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
     + "Exception: Capture cuda graph failed: RuntimeError: invalid argument\n",
+    # The reference server asked for CUDA graphs on a CPU host (the quickstart's planned failure).
+    "capture-no-cuda-device": "[2026-12-03 14:54:06] Capture cuda graph begin. This can take up to several minutes.\n"
+    + "Traceback (most recent call last):\n"
+    + '  File "/app/campaign/refserver/decode_runner.py", line 120, in capture\n'
+    + "    graph = torch.cuda.CUDAGraph()\n"
+    + "RuntimeError: Expected a cuda device, but got: cpu\n"
+    + "[2026-12-03 14:54:06] Capture cuda graph failed: Expected a cuda device, but got: cpu\n",
     "capture-failed-generic": SGLANG_ARGS
     + "[2026-12-01 10:00:40 TP0] Capture cuda graph begin. This can take up to several minutes.\n"
     + "Exception: Capture cuda graph failed: AssertionError\n",
@@ -179,3 +186,10 @@ def test_knob_flags_agree_with_the_recipes() -> None:
             flag = signatures().knob_flags.get(knob, {}).get(server)
             if flag is not None and "flag" in spec:
                 assert flag == spec["flag"], (server, knob)
+
+
+def test_capture_on_a_host_without_cuda_says_so_and_not_to_shrink_the_batch() -> None:
+    d = diagnose(EXAMPLES["capture-no-cuda-device"], server="refserver", knobs={"cuda_graph_max_bs": 64})
+    assert d.kind == "cuda_graph_capture_failed"
+    assert "no CUDA device" in d.summary and "CUDA graphs need a CUDA device" in d.hint
+    assert "lower --cuda-graph-max-bs" not in d.hint

@@ -31,6 +31,11 @@ CONFIG_DIR = Path("configs")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Names that become folders (experiments, run ids): no path separators, no leading dot, so never `.` or `..`.
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+#: Linux refuses to exec a program with one argument or environment entry of this many bytes or more (MAX_ARG_STRLEN,
+#: its NUL included): such a launch fails with "Argument list too long" after the box was stopped for it.
+MAX_ARG_BYTES = 128 * 1024
+#: A variant's name is part of its attempt folder's name, which a file system caps at 255 bytes.
+MAX_VARIANT_NAME = 120
 M = TypeVar("M", bound=BaseModel)
 _V = TypeVar("_V", bound="VariantConfig")
 
@@ -266,8 +271,8 @@ class VariantConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._=,+~-]*", v):
-            raise ValueError("use letters, digits and . _ = , + ~ - (it names folders)")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._=,+~-]*", v) or len(v) > MAX_VARIANT_NAME:
+            raise ValueError(f"use letters, digits and . _ = , + ~ - (up to {MAX_VARIANT_NAME}: it names folders)")
         return v
 
     @field_validator("env")
@@ -594,6 +599,8 @@ def render(
             )
         if value is None:
             continue
+        if not isinstance(value, bool):
+            _fits_exec(str(value), f"{variant.name}.knobs.{knob}")
         if rule.choices is not None and value not in rule.choices:
             raise ConfigError(
                 f"{value!r} is not one of {rule.choices}",
@@ -615,6 +622,10 @@ def render(
     command.extend(variant.args)
     env.update(baseline.env if variant is not baseline else {})
     env.update(variant.env)
+    for arg in command:
+        _fits_exec(arg, f"{variant.name}.args")
+    for name, value in env.items():
+        _fits_exec(f"{name}={value}", f"{variant.name}.env.{name}")
     port = knobs["port"]
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise ConfigError(f"port must be an integer in 1..65535, not {port!r}", field=f"{variant.name}.knobs.port")
@@ -628,6 +639,18 @@ def render(
         phases=recipe.phases,
     )
     return PlannedVariant(name=variant.name, knobs=knobs, spec=spec, config=variant)
+
+
+def _fits_exec(text: str, field: str) -> None:
+    """Refuse one argument or environment entry that Linux would not pass to a program (never quoting it back)."""
+    size = len(text.encode()) + 1
+    if size > MAX_ARG_BYTES:
+        raise ConfigError(
+            f"{size - 1} bytes, over the {MAX_ARG_BYTES // 1024} KiB Linux passes in one argument or environment "
+            "entry: the launch would fail with 'Argument list too long'",
+            field=field,
+            hint="put the value in a file on the host and pass its path",
+        )
 
 
 def plan(
@@ -750,7 +773,14 @@ def load(name_or_path: str, overrides: Sequence[str] = (), config_dir: Path = CO
     if experiment.bench is not None:
         _validate(BenchSettings, experiment.bench, text, str(path), prefix=["bench"], context={"plan": True})
     _check_profile(experiment, text, str(path))
-    recipe = load_recipe(experiment.recipe)
+    try:
+        recipe = load_recipe(experiment.recipe)
+    except ConfigError as e:
+        if e.file is not None:
+            raise  # an error inside the recipe's own file, which it names
+        raise ConfigError(
+            e.detail, file=str(path), line=line_of(text, ["recipe"]), field="recipe", hint=e.hint
+        ) from None
     if experiment.hosts:
         _check_fleet(experiment, recipe, text, str(path))
     if len(experiment.fleet) == 1:

@@ -11,6 +11,10 @@ each case its own). It holds::
 ``run``, ``restore`` and ``stop`` take the lock; one held by another live CLI is refused (``LockHeld``, exit 2,
 naming the holder). A lock left by a CLI that died on this same machine (its PID is gone) is taken over, and the
 caller is told whose it was so that run can be reconciled. ``force`` breaks any lock; the caller records that.
+
+Breaking a lock is done by one CLI at a time, under a guard (``lock.breaking``, also made with ``mkdir``), and only
+while the lock is still the one judged stale: two CLIs that found the same dead holder would otherwise each remove
+the lock, the second removing the one the first had just taken, and both would go on holding the box.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ q = shlex.quote
 #: The environment variable (read where the CLI runs) naming the host's state folder.
 HOST_STATE_ENV = "CAMPAIGN_HOST_STATE"
 DEFAULT_HOST_STATE = "/tmp/campaign"
+#: Looks at the lock before giving up: each lost race (a breaker at work, a holder that changed) costs one.
+TRIES = 40
 
 
 def host_state_dir() -> str:
@@ -97,7 +103,7 @@ class HostLock:
     def acquire(self, *, force: bool = False) -> None:
         """Take the lock, or raise ``LockHeld`` naming its holder; a stale lock is taken over, ``force`` breaks any."""
         ensure_state_dir(self.host, self.state_dir)
-        for _ in range(3):
+        for _ in range(TRIES):
             res = self.host.run(f"mkdir {q(self.path)} 2>/dev/null", timeout=15)
             if res.ok:
                 record = {
@@ -116,10 +122,10 @@ class HostLock:
             if owner is None:
                 continue  # released between our mkdir and our look: try again
             if force or self._stale(owner):
-                self.replaced, self.replaced_how = owner, ("forced" if force else "stale")
-                rm = self.host.run(f"rm -rf {q(self.path)}", timeout=15)
-                if not rm.ok:
-                    raise HostError(f"{self.host.name}: cannot remove the lock {self.path}: {rm.tail(3)}")
+                if self._break(owner):
+                    self.replaced, self.replaced_how = owner, ("forced" if force else "stale")
+                else:
+                    time.sleep(0.05)  # another CLI is breaking it, or it changed hands: look again
                 continue
             raise LockHeld(
                 f"{self.host.name} is locked by {describe_owner(owner)}",
@@ -127,6 +133,23 @@ class HostLock:
                 hint=f"wait for it to end; if that CLI is gone, --force breaks the lock ({self.path} on the host)",
             )
         raise HostError(f"{self.host.name}: could not take the lock at {self.path}")
+
+    def _break(self, judged: dict[str, Any]) -> bool:
+        """Remove the lock if it is still held by ``judged``, under the breaking guard; False if it was not removed."""
+        guard = q(f"{self.path}.breaking")
+        if not self.host.run(f"mkdir {guard} 2>/dev/null", timeout=15).ok:
+            # Another CLI is breaking it. A guard whose CLI died mid-break is older than a minute: clear it.
+            self.host.run(f"find {guard} -maxdepth 0 -mmin +1 -exec rmdir {{}} + 2>/dev/null", timeout=15)
+            return False
+        try:
+            if self.owner() != judged:
+                return False  # taken by a live CLI since it was judged (or gone): not ours to remove
+            rm = self.host.run(f"rm -rf {q(self.path)}", timeout=15)
+            if not rm.ok:
+                raise HostError(f"{self.host.name}: cannot remove the lock {self.path}: {rm.tail(3)}")
+            return True
+        finally:
+            self.host.run(f"rmdir {guard}", timeout=15)
 
     @staticmethod
     def _stale(owner: dict[str, Any]) -> bool:

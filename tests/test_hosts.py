@@ -18,17 +18,19 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from campaign.config import SSHHostConfig
-from campaign.errors import HostError, HostKeyError, HostTimeout
+from campaign.errors import HostError, HostKeyError, HostLost, HostTimeout
 from campaign.hosts import open_host
 from campaign.hosts.base import Host, Result
 from campaign.hosts.local import LocalHost
 from campaign.hosts.slurm import SlurmHost
 from campaign.hosts.ssh import SSHHost, SSHTarget
+from campaign.hosts.ssh.reconnect import reopen
 from campaign.hosts.ssh.testing import SSHServer, cut_connections, start_test_sshd
 from tests.fixtures.sshd import tool
 
@@ -400,6 +402,34 @@ def test_a_host_that_stays_down_is_a_clear_error(own_sshd: tuple[SSHServer, subp
         assert time.monotonic() - started < 5.0
     finally:
         host.close()
+
+
+def test_the_reconnect_budget_is_a_hard_deadline_and_is_used_to_its_end() -> None:
+    """A host that drops packets gives up at the budget, not a connect timeout later; one back in time is caught."""
+    timeouts: list[float] = []
+
+    def silent(timeout: float) -> Any:
+        timeouts.append(timeout)
+        time.sleep(timeout)  # what a connect to a host that drops packets does
+        raise HostTimeout("no answer")
+
+    started = time.monotonic()
+    with pytest.raises(HostLost, match=r"within 1 s \(\d+ attempts over 1\.\d s\): no answer"):
+        reopen(silent, 1.0, "box", attempt_s=10.0)
+    took = time.monotonic() - started
+    assert 1.0 <= took < 1.3, took
+    assert all(t <= 1.0 for t in timeouts)  # never the whole 10 s connect timeout
+
+    # Refused until 0.9 s, then up: the last attempt lands on the deadline, inside the budget.
+    back_at = time.monotonic() + 0.9
+    link = object()
+
+    def refused_then_up(timeout: float) -> Any:
+        if time.monotonic() < back_at:
+            raise HostError("connection refused")
+        return link
+
+    assert reopen(refused_then_up, 1.0, "box", attempt_s=10.0) is link
 
 
 # -- SSH: host keys -------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Connecting: one authenticated, host-key-verified SSH connection per hop, the ProxyJump chain first.
 
-``Connector(target).open()`` returns a ``Link``; calling it again opens the same target again (a reconnect). Every
+``Connector(target).open()`` returns a ``Link``; calling it again opens the same target again (a reconnect, which may
+pass a shorter ``timeout`` than the target's connect timeout: the time left of its budget). Every
 paramiko and socket failure is mapped here to ``HostError`` / ``HostKeyError`` / ``HostTimeout`` with a hint that
 says what to do, and so are failures to open a channel on a link (``open_channel``).
 """
@@ -82,12 +83,17 @@ class Connector:
         self.target = target
         self._config = load_ssh_config(target.ssh_config)
 
-    def open(self) -> Link:
-        """Resolve, connect, verify the host key and authenticate, hop by hop."""
-        t = self.target
-        return self._open(_Request(t.host, t.user, t.port, t.key, None, None, 0))
+    def open(self, timeout: float | None = None) -> Link:
+        """Resolve, connect, verify the host key and authenticate, hop by hop.
 
-    def _open(self, req: _Request) -> Link:
+        Each network wait (TCP connect, banner, authentication, a ProxyJump tunnel) is bounded by ``timeout``, the
+        target's ``connect_timeout`` when None.
+        """
+        t = self.target
+        wait = t.connect_timeout if timeout is None else timeout
+        return self._open(_Request(t.host, t.user, t.port, t.key, None, None, 0), wait)
+
+    def _open(self, req: _Request, timeout: float) -> Link:
         t = self.target
         if req.depth > MAX_JUMPS:
             raise HostError(
@@ -119,15 +125,16 @@ class Connector:
                     req.key_filename or req.fallback_key,
                     chain[:-1] or None,
                     req.depth + 1,
-                )
+                ),
+                timeout,
             )
             try:
-                sock = via.open_direct(hop.hostname, hop.port, t.connect_timeout)
+                sock = via.open_direct(hop.hostname, hop.port, timeout)
             except BaseException:
                 via.close()
                 raise
         try:
-            client = handshake(hop, sock, t.accept_new_host_key, t.connect_timeout, agent=not req.key_filename)
+            client = handshake(hop, sock, t.accept_new_host_key, timeout, agent=not req.key_filename)
             return Link(hop, client, via)
         except BaseException:
             if via is not None:

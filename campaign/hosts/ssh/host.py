@@ -35,7 +35,9 @@ class SSHHost:
     and is retried once.
     """
 
-    def __init__(self, link: Link, *, reopen_link: Callable[[], Link] | None = None) -> None:
+    def __init__(
+        self, link: Link, *, reopen_link: Callable[[float], Link] | None = None, connect_timeout: float = 10.0
+    ) -> None:
         self._link = link
         #: The ProxyJump host this connection goes through, or None for a direct connection.
         self.via = SSHHost(link.via) if link.via is not None else None
@@ -48,10 +50,14 @@ class SSHHost:
         self._shells = ShellPool(self._state_lock, lambda: self._link.transport, self._check_open_locked)
         self._files = RemoteFiles(self.name, self.user, lambda: self._link.transport)
         self._forwarders: dict[int, Forwarder] = {}
-        #: Opens the same target again; None: a lost connection stays lost (a jump host's comes back with its target).
+        #: Opens the same target again, each network wait bounded by its argument; None: a lost connection stays lost
+        #: (a jump host's comes back with its target).
         self._reopen = reopen_link
-        #: How long a reconnect keeps trying before the call raises ``HostError``; 0 turns reconnecting off.
+        #: How long a reconnect keeps trying, from the moment a call found the connection down, before that call
+        #: raises ``HostLost``; 0 turns reconnecting off.
         self.reconnect_s = 60.0
+        #: The longest one reconnect attempt may wait on the network (less when the budget has less left).
+        self.connect_timeout = connect_timeout
         #: Connections re-established so far (the loop reports them).
         self.reconnects = 0
         self._reconnect_lock = threading.Lock()
@@ -62,7 +68,7 @@ class SSHHost:
     def open(cls, target: SSHTarget) -> SSHHost:
         """Connect to ``target``; a lost connection later reopens the same target."""
         connector = Connector(target)
-        return cls(connector.open(), reopen_link=connector.open)
+        return cls(connector.open(), reopen_link=connector.open, connect_timeout=target.connect_timeout)
 
     # -- the Host protocol --------------------------------------------------------------------------------------------
 
@@ -211,7 +217,7 @@ class SSHHost:
             with self._state_lock:
                 self._check_open_locked()
             return
-        fresh = reopen(self._reopen, self.reconnect_s, self.name)
+        fresh = reopen(self._reopen, self.reconnect_s, self.name, self.connect_timeout)
         with self._state_lock:
             if self._closed:
                 fresh.close()

@@ -43,7 +43,16 @@ from campaign.comparison import (
 from campaign.errors import StoreError, UsageError
 from campaign.records import METRICS, Attempt, BenchResult, LevelResult, RunReport
 from campaign.redaction import mask_env
-from campaign.statistics import Correction, adjust, mean, mean_interval, ratio_interval, welch
+from campaign.statistics import (
+    Correction,
+    adjust,
+    drift_variance,
+    mean,
+    mean_interval,
+    ratio_interval,
+    ratio_test_across_runs,
+    welch,
+)
 
 #: The metrics shown per level, in order.
 SHOWN_METRICS = (
@@ -117,8 +126,18 @@ def _samples(benches: Sequence[BenchResult], label: str, metric: str) -> list[fl
     return out
 
 
-def _cell(samples: list[float], ref: list[float] | None, confidence: float) -> MetricCell:
-    """A cell before correction: its value, ratio and interval, and the raw p-value when it can be tested."""
+def _cell(
+    samples: list[float],
+    ref: list[float] | None,
+    confidence: float,
+    controls: Sequence[tuple[list[float], list[float]]] = (),
+) -> MetricCell:
+    """A cell before correction: its value, ratio and interval, and the raw p-value when it can be tested.
+
+    ``controls``, for a cell compared with a column of another run: the samples of configurations both runs hold
+    unchanged, (this run's, the other run's). Their differences are the box's drift between the runs, which the
+    launches of one run cannot show, so it is added to the test (``ratio_test_across_runs``).
+    """
     cell = MetricCell(value=mean(samples) if samples else None, samples=samples)
     if ref is None:
         cell.verdict = "baseline"
@@ -133,6 +152,13 @@ def _cell(samples: list[float], ref: list[float] | None, confidence: float) -> M
     if len(set(samples) | set(ref)) == 1:
         cell.verdict = "equal"  # e.g. no errors anywhere: nothing to test, and no test spent on it
         return cell
+    if controls:
+        drift, pairs = drift_variance(controls)
+        across = ratio_test_across_runs(samples, ref, drift, pairs, confidence)
+        if across is not None:
+            cell.p_value, cell.drift_sd = across.p, across.drift_sd
+            cell.ci_low, cell.ci_high = across.interval.low, across.interval.high
+            return cell
     cell.p_value = welch(samples, ref).p
     interval = ratio_interval(samples, ref, confidence)
     if interval is not None:
@@ -241,6 +267,7 @@ def compare(
         col.reference = None if ref is None else columns[ref].key
 
     benches = [g.benches for g in groups]
+    controls = _controls(groups, refs)
     labels: list[str] = []
     for launches in benches:
         for b in launches:
@@ -249,7 +276,15 @@ def compare(
     for label in labels:
         for metric in SHOWN_METRICS:
             samples = [_samples(launches, label, metric) for launches in benches]
-            cells = [_cell(samples[i], None if ref is None else samples[ref], confidence) for i, ref in enumerate(refs)]
+            cells = [
+                _cell(
+                    samples[i],
+                    None if ref is None else samples[ref],
+                    confidence,
+                    [(samples[a], samples[b]) for a, b in controls[i]],
+                )
+                for i, ref in enumerate(refs)
+            ]
             metrics.append(
                 MetricRow(
                     level=label,
@@ -276,6 +311,33 @@ def compare(
         observations=[o for g in groups for o in _observations(g)],
         profiles=profile_columns(columns, groups),
     )
+
+
+def _controls(groups: Sequence[_Group], refs: Sequence[int | None]) -> list[list[tuple[int, int]]]:
+    """For each column compared with a column of another run, the pairs (a, b) that measure the drift between them.
+
+    A pair is one configuration in both runs, unchanged: a in the column's run, b in its reference's, the same
+    launch spec and the same environment (host, GPU, driver, server version, kernel hash, ...), neither the compared
+    columns themselves. A pair whose environment differs (new kernels, another driver) is not drift but a change, so
+    it is not used. Within one run, or with no such pair, the list is empty.
+    """
+    # The clock offset is measured afresh each run and says nothing about what runs.
+    same = [
+        (g.first.spec_hash, sorted((k, v) for k, v in _environment_of(g.report).items() if k != "clock_offset_s"))
+        for g in groups
+    ]
+    out: list[list[tuple[int, int]]] = []
+    for i, ref in enumerate(refs):
+        pairs: list[tuple[int, int]] = []
+        if ref is not None and groups[i].report.run_id != groups[ref].report.run_id:
+            for a, ga in enumerate(groups):
+                if a == i or ga.report.run_id != groups[i].report.run_id:
+                    continue
+                for b, gb in enumerate(groups):
+                    if b != ref and gb.report.run_id == groups[ref].report.run_id and same[a] == same[b]:
+                        pairs.append((a, b))
+        out.append(pairs)
+    return out
 
 
 def _decide(rows: list[MetricRow], correction: Correction, alpha: float, min_effect: float) -> None:

@@ -90,6 +90,10 @@ class MetricCell(BaseModel):
     verdict: Verdict = "n/a"
     #: For a significant cell: whether the change is for the better by the metric's direction.
     direction: Literal["better", "worse"] | None = None
+    #: A cell compared across runs: the between-run standard deviation of its log ratio, measured on the
+    #: configurations both runs hold unchanged and counted in its p-value and interval (None: not across runs, or
+    #: no such configuration to measure it on).
+    drift_sd: float | None = None
 
 
 class MetricRow(BaseModel):

@@ -7,6 +7,8 @@ Lentz method); its quantiles are found by bisection on the distribution function
 - ``welch``: two-sided Welch's t-test that two samples have the same mean (unequal variances).
 - ``ratio_interval``: the ratio of two sample means with a confidence interval, by the delta method on the log of
   the ratio with Welch–Satterthwaite degrees of freedom (both means must be positive).
+- ``drift_variance`` and ``ratio_test_across_runs``: the same ratio between two runs, with the drift of the box
+  between the runs (estimated from configurations both runs hold unchanged) added to the launches' own noise.
 - ``holm`` and ``benjamini_hochberg``: adjusted p-values for a family of tests, controlling the family-wise error
   rate and the false discovery rate respectively; a test is significant when its adjusted p-value is below alpha.
 """
@@ -159,6 +161,71 @@ def ratio_interval(a: Sequence[float], b: Sequence[float], level: float = 0.95) 
         return RatioInterval(ratio=ratio, low=ratio, high=ratio, level=level)
     half = t_quantile(0.5 + level / 2.0, _satterthwaite(sa, len(a), sb, len(b))) * math.sqrt(sa + sb)
     return RatioInterval(ratio=ratio, low=ratio * math.exp(-half), high=ratio * math.exp(half), level=level)
+
+
+def _log_ratio(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float] | None:
+    """log(mean(a) / mean(b)), its delta-method variance and Welch–Satterthwaite df; None without two positive means
+    or two values a side."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    ma, mb = mean(a), mean(b)
+    if ma <= 0.0 or mb <= 0.0:
+        return None
+    sa = variance(a) / (len(a) * ma * ma)
+    sb = variance(b) / (len(b) * mb * mb)
+    df = _satterthwaite(sa, len(a), sb, len(b)) if sa + sb > 0.0 else math.inf
+    return math.log(ma / mb), sa + sb, df
+
+
+def drift_variance(controls: Sequence[tuple[Sequence[float], Sequence[float]]]) -> tuple[float, int]:
+    """The between-run variance of a log ratio, estimated from control pairs, and how many pairs it rests on.
+
+    A control pair is the same configuration in two runs (same spec, same environment): its log ratio is drift of
+    the box between the runs plus launch noise. Drift is what is left once the noise each side's launches show is
+    taken out, ``mean(d² - se²)`` over the pairs, floored at zero (method of moments).
+    """
+    parts = [lr for a, b in controls if (lr := _log_ratio(a, b)) is not None]
+    if not parts:
+        return 0.0, 0
+    return max(0.0, mean([d * d - se2 for d, se2, _ in parts])), len(parts)
+
+
+@dataclass(frozen=True)
+class DriftTest:
+    """A ratio test between two runs with their drift counted in: p-value, interval and the drift's share."""
+
+    p: float
+    interval: RatioInterval
+    #: The between-run standard deviation of the log ratio that was added to the launches' own noise.
+    drift_sd: float
+
+
+def ratio_test_across_runs(
+    a: Sequence[float], b: Sequence[float], drift: float, pairs: int, level: float = 0.95
+) -> DriftTest | None:
+    """Test mean(a)/mean(b) = 1 where ``a`` and ``b`` come from different runs whose drift is ``drift``.
+
+    On the log scale: t = log r / sqrt(se² + drift), with Welch–Satterthwaite degrees of freedom extended by the
+    ``pairs`` the drift was estimated from (few pairs, few degrees of freedom: a wide interval). None when the
+    samples cannot be tested on the log scale (fewer than two values, a non-positive mean).
+    """
+    lr = _log_ratio(a, b)
+    if lr is None:
+        return None
+    d, se2, df = lr
+    total = se2 + drift
+    ratio = math.exp(d)
+    if total == 0.0:
+        return DriftTest(p=1.0 if d == 0.0 else 0.0, interval=RatioInterval(ratio, ratio, ratio, level), drift_sd=0.0)
+    if drift > 0.0:
+        df = total**2 / ((se2**2 / df if math.isfinite(df) and se2 else 0.0) + drift**2 / max(1, pairs))
+    df = min(df, 1e6)
+    half = t_quantile(0.5 + level / 2.0, df) * math.sqrt(total)
+    return DriftTest(
+        p=t_two_sided_p(d / math.sqrt(total), df),
+        interval=RatioInterval(ratio=ratio, low=ratio * math.exp(-half), high=ratio * math.exp(half), level=level),
+        drift_sd=math.sqrt(drift),
+    )
 
 
 def mean_interval(values: Sequence[float], level: float = 0.95) -> float | None:

@@ -332,3 +332,40 @@ def test_a_small_real_difference_is_negligible_under_the_minimum_effect(tmp_path
     # With no threshold the same cell is a finding: slower ITL is worse.
     strict = _cells(compare(reports, min_effect=0.0), "run-b/x")[("c=1", "itl.median")]
     assert strict.verdict == "significant" and strict.direction == "worse"
+
+
+def test_drift_between_runs_is_measured_on_the_unchanged_configurations() -> None:
+    """Two runs of the same two configurations, the box 12% slower in the second (ITL 9 ms instead of 8).
+
+    Launches within a run cannot show that drift, so a plain test calls the unchanged variant "significant" across
+    the runs. The baseline, unchanged in both runs and in the same environment, measures the drift, which then
+    counts in the variant's test: not significant, with the drift stated. With the environment changed (new
+    kernels), the baseline is no control and the difference stands.
+    """
+    settings = BenchSettings(concurrency=[2], requests=6, warmup=1, launches=3)
+    with (
+        ScheduledServer(ttft_ms=10, itl_ms=8, tokens=8) as quiet,
+        ScheduledServer(ttft_ms=10, itl_ms=9, tokens=8) as busy,
+    ):
+        before = [[run_bench(quiet.url, settings) for _ in range(3)] for _ in range(2)]
+        after = [[run_bench(busy.url, settings) for _ in range(3)] for _ in range(2)]
+
+    def run(run_id: str, benches: list[list[BenchResult]], kernel_hash: str) -> RunReport:
+        attempts = [*_launches(0, "baseline", 8, benches[0]), *_launches(3, "same", 8, benches[1])]
+        for a in attempts[3:]:
+            a.spec = a.spec.model_copy(update={"env": {**a.spec.env, "CAMPAIGN_AA_LABEL": "b"}})
+            a.spec_hash = "same"
+        for a in attempts[:3]:
+            a.spec_hash = "baseline"
+        return _report(run_id, attempts, kernel_hash)
+
+    itl = ("c=2", "itl.median")
+    drifted = _cells(compare([run("run-1", before, "aaaa"), run("run-2", after, "aaaa")]), "run-2/same")[itl]
+    assert 1.08 < drifted.ratio < 1.17  # type: ignore[operator]
+    assert drifted.drift_sd is not None and drifted.drift_sd > 0.05
+    assert drifted.verdict == "not significant", (drifted.p_value, drifted.p_adjusted)
+    assert drifted.ci_low is not None and drifted.ci_low < 1.0 < drifted.ci_high  # type: ignore[operator]
+
+    changed = _cells(compare([run("run-1", before, "aaaa"), run("run-2", after, "bbbb")]), "run-2/same")[itl]
+    assert changed.drift_sd is None
+    assert changed.verdict == "significant" and changed.direction == "worse"

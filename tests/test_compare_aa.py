@@ -66,6 +66,10 @@ def test_the_same_experiment_twice_differs_in_no_cell(tmp_path: Path) -> None:
     # Same-named variants are paired across runs; the first run's variant is compared with its baseline.
     assert [col.reference for col in c.columns] == [None, keys[0], keys[0], keys[1]]
     tested = [cell for m in c.metrics for cell in m.cells if cell.p_value is not None]
+    # Across the two runs the other configuration, unchanged, measures the box's drift between them (run-2/same
+    # against run-1/same has run-2/baseline against run-1/baseline as its control, and the other way round).
+    across = [cell for m in c.metrics for cell in m.cells[2:] if cell.p_value is not None]
+    assert across and all(cell.drift_sd is not None for cell in across)
     # 3 compared columns x 2 levels x 8 metrics that vary (the error rate is 0 everywhere: equal, not tested).
     assert len(tested) >= 40
     significant = [

@@ -170,13 +170,6 @@ class _Range:
     parent: _Range | None = None
     #: Time of the nearest CPU ops inside it (subtracted for its self time).
     inner_ops: float = 0.0
-    _chain: tuple[str, ...] | None = None
-
-    def chain(self) -> tuple[str, ...]:
-        """Its own name, then those of the ranges around it, innermost first (computed once per range)."""
-        if self._chain is None:
-            self._chain = (self.name, *(self.parent.chain() if self.parent is not None else ()))
-        return self._chain
 
 
 def _ranges(events: Sequence[dict[str, Any]], offset: int) -> tuple[list[_Range], dict[int, _Range]]:
@@ -214,9 +207,46 @@ def _ranges(events: Sequence[dict[str, Any]], offset: int) -> tuple[list[_Range]
     return every, launches
 
 
+class _Scopes:
+    """What the ranges around an event say (its scope's class, whether it is in a decode step), once per range.
+
+    ``KernelRules.by_scope`` and ``in_decode`` over a range's whole chain cost its depth times the patterns, and a
+    trace with Python stacks is millions of ranges tens of frames deep (a 272 MB H200 trace took minutes). A range's
+    answer is its own name's or else its parent's, so each range is matched once and its answer reused below it.
+    """
+
+    def __init__(self, rules: KernelRules) -> None:
+        self.rules = rules
+        self._scope: dict[int, str | None] = {}
+        self._decode: dict[int, bool] = {}
+
+    def _walk(self, r: _Range | None, memo: dict[int, Any], own: Callable[[str], Any], empty: Any) -> Any:
+        # Up to the first range already answered, then down again filling in: iterative, stacks can be deep.
+        path: list[_Range] = []
+        while r is not None and id(r) not in memo:
+            path.append(r)
+            r = r.parent
+        answer = memo[id(r)] if r is not None else empty
+        for node in reversed(path):
+            mine = own(node.name)
+            answer = mine if mine not in (None, False) else answer
+            memo[id(node)] = answer
+        return answer
+
+    def scope(self, r: _Range | None) -> str | None:
+        """``KernelRules.by_scope`` of ``r``'s chain (``r`` itself included)."""
+        result: str | None = self._walk(r, self._scope, lambda n: self.rules.by_scope((n,)), None)
+        return result
+
+    def decode(self, r: _Range | None) -> bool:
+        """``KernelRules.in_decode`` of ``r``'s chain."""
+        return bool(self._walk(r, self._decode, lambda n: self.rules.in_decode((n,)), False))
+
+
 def summarise(traces: Sequence[Sequence[dict[str, Any]]], rules: KernelRules | None = None) -> ProfileResult:
     """The breakdown of the events of ``traces`` (one list per file) into attention, GEMM and other."""
     rules = rules or default_rules()
+    scopes = _Scopes(rules)
     # (class, name, microseconds, in decode)
     items: list[tuple[str, str, float, bool]] = []
     device_items: list[tuple[str, str, float, bool]] = []
@@ -226,9 +256,8 @@ def summarise(traces: Sequence[Sequence[dict[str, Any]]], rules: KernelRules | N
         for r in ranges:
             if r.cat != "cpu_op":
                 continue
-            chain = r.chain()
-            cls = rules.by_scope(chain[1:]) or rules.by_name(r.name, kernel=False)
-            items.append((cls, r.name, max(0.0, r.end - r.start - r.inner_ops), rules.in_decode(chain)))
+            cls = scopes.scope(r.parent) or rules.by_name(r.name, kernel=False)
+            items.append((cls, r.name, max(0.0, r.end - r.start - r.inner_ops), scopes.decode(r)))
         for e in events:
             if e.get("ph") != "X" or e.get("cat") not in _DEVICE_CATS:
                 continue
@@ -239,10 +268,9 @@ def summarise(traces: Sequence[Sequence[dict[str, Any]]], rules: KernelRules | N
             name = str(e.get("name", ""))
             corr = (e.get("args") or {}).get("correlation")
             launch = launches.get(offset + corr) if isinstance(corr, int) else None
-            chain = launch.chain() if launch is not None else ()
             kernel = e["cat"] in _KERNEL_CATS
-            cls = (rules.by_scope(chain) or rules.by_name(name, kernel=True)) if kernel else "other"
-            device_items.append((cls, name, dur, rules.in_decode(chain)))
+            cls = (scopes.scope(launch) or rules.by_name(name, kernel=True)) if kernel else "other"
+            device_items.append((cls, name, dur, scopes.decode(launch)))
     device = "gpu" if device_items else "cpu"
     chosen = device_items if device == "gpu" else items
     decode = [it for it in chosen if it[3]]

@@ -35,7 +35,7 @@ from campaign.bench import run_bench
 from campaign.config import Loaded, PlannedVariant, VariantConfig, plan, render, template_vars
 from campaign.diagnose import diagnose
 from campaign.effective import verify
-from campaign.errors import BenchError, BoxUnproven, CampaignError, DirtyHost, HostError, RestoreFailed
+from campaign.errors import BenchError, BoxUnproven, CampaignError, DirtyHost, HostLost, RestoreFailed
 from campaign.estimate import attempt_cost, variant_cost
 from campaign.fingerprint import fingerprint
 from campaign.flags import checked_plan
@@ -168,6 +168,8 @@ class Campaign:
         #: Run variants that a stored run saw fail deterministically with the same spec (``--retry-known``).
         self.retry_known = retry_known
         self._t0 = time.monotonic()
+        #: When each attempt of this run began (monotonic), by index: an attempt cut short is timed to its end.
+        self._attempt_t0: dict[int, float] = {}
         self._history: list[RunReport] | None = None
         self.report = (
             resume.model_copy(deep=True)
@@ -203,6 +205,7 @@ class Campaign:
         command = "restore" if restore_only else "run"
         lock = HostLock(self.host, report.run_id, self.exp.name, command, self.exp.host.state_dir or host_state_dir())
         error: BaseException | None = None
+        lock_left = False
         with self._intr as intr:
             try:
                 with intr.shielded():
@@ -260,20 +263,39 @@ class Campaign:
                 for finding in report.attribution:
                     self.emit(Event("note", text=f"attribution: {finding.statement}"))
                 self.store.save_report(report)
-                # A host lost for good gets no more calls: each would wait out another reconnect budget. Its lock
-                # is stale once this CLI is gone, and the next command from this machine takes it over.
-                if not isinstance(error, HostError):
-                    lock.release()
+                # The lock is given back whenever the host can still be reached, after any other error too (a
+                # command that failed, a file that could not be read, one call that timed out). A host lost for
+                # good gets no more calls: each would wait out another reconnect budget. Its lock is stale once
+                # this CLI is gone, and the next command from this machine takes it over.
+                lock_left = _lost(error) or not self._release(lock)
                 self.emit(Event("run_end", text=report.status))
         if error is not None:
             if self._touched and isinstance(error, CampaignError) and error.exit_code < 3:
                 raise BoxUnproven(
                     f"{error.message}; the box is left unproven ({self._last_known()})",
                     hint=f"when the host answers again, `campaign restore {report.config_path}` puts the known-good "
-                    "back (it takes over the lock this run left)",
+                    "back (it takes over the lock this run left)"
+                    if lock_left
+                    else f"`campaign restore {report.config_path}` puts the known-good back, or "
+                    f"`campaign stop {report.config_path}` stops what runs",
                 ) from error
             raise error
         return report
+
+    def _release(self, lock: HostLock) -> bool:
+        """Give the host's lock back; False (and a note) when the host would not let us: the lock is left behind."""
+        try:
+            lock.release()
+        except CampaignError as e:
+            self.emit(
+                Event(
+                    "note",
+                    text=f"the lock on {self.host.name} could not be released ({e}); once this CLI is gone, the next "
+                    "command from this machine takes it over",
+                )
+            )
+            return False
+        return True
 
     # -- interruption ------------------------------------------------------------------------------------
 
@@ -345,6 +367,9 @@ class Campaign:
                 att.outcome = "interrupted"
                 att.ended_at = now_iso()
                 att.note = note
+                # What was measured stands (ready, the phases that ended); the attempt's time runs to here.
+                if att.index in self._attempt_t0:
+                    att.timings.attempt_s = round(time.monotonic() - self._attempt_t0[att.index], 3)
                 if copy_log and att.remote_dir:
                     log = self.redact.bytes(self.host.read_file(f"{att.remote_dir}/server.log"))
                     att.log_file = self.store.save_log(self.report.run_id, att.index, att.variant, log)
@@ -756,15 +781,17 @@ class Campaign:
         )
         self.report.attempts.append(att)
         self.emit(Event("attempt_start", index, pv.name, role, text=role))
-        timings = Timings()
-        t0 = time.monotonic()
+        # The attempt's own record, filled in as each step ends: one cut short (a signal, an error) keeps what was
+        # measured, and ``_close_in_flight`` dates its end.
+        timings = att.timings
+        t0 = self._attempt_t0[index] = time.monotonic()
         stop = self.control.stop(None, grace_s=exp.timeouts.stop_grace_s)
         timings.stop_s = round(time.monotonic() - t0, 3)
         if stop.stopped:
             self.emit(Event("stopped", index, pv.name, role, text=stop.detail))
         holders = self.control.port_holders(pv.spec.port)
-        timings.attempt_s = round(time.monotonic() - t0, 3)
         if holders.listening:
+            timings.attempt_s = round(time.monotonic() - t0, 3)
             return self._port_taken(pv, att, timings, holders.describe())
         remote_dir = self.control.prepare(self.report.run_id, index, pv.name)
         att.remote_dir = remote_dir
@@ -839,6 +866,7 @@ class Campaign:
                 smoke=att.smoke,
                 timed_out=ready.timed_out,
                 knobs=att.knobs,
+                bench=att.bench,
             )
             if att.note is None:
                 att.note = att.diagnosis.summary
@@ -1025,6 +1053,17 @@ class Campaign:
             clock_offset_s=round(self._offset, 4),
             **probes,
         )
+
+
+def _lost(error: BaseException | None) -> bool:
+    """Whether ``error`` is, or was caused by, a host lost for good (``HostLost``: its reconnect budget ran out)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, HostLost):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _safe_name(name: str) -> str:

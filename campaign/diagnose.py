@@ -45,7 +45,7 @@ from campaign import logscan
 from campaign.errors import ConfigError, UsageError
 from campaign.fingerprint import fingerprint, normalise
 from campaign.logscan import Line, Scan
-from campaign.records import Diagnosis, Evidence, KnobValue, SmokeResult, Timings
+from campaign.records import BenchResult, Diagnosis, Evidence, KnobValue, SmokeResult, Timings
 
 #: Every kind ``diagnose`` can return. ``unknown`` is a failure whose log names no cause campaign knows;
 #: ``inconclusive`` a log that proves neither a failure nor a healthy start.
@@ -67,6 +67,7 @@ KINDS = (
     "wrong_output",
     "config_not_applied",
     "below_gate",
+    "bench_errors",
     "healthy",
     "unknown",
     "inconclusive",
@@ -100,6 +101,7 @@ class DiagnoseOptions(TypedDict, total=False):
     smoke: SmokeResult | None
     timed_out: bool
     knobs: Mapping[str, KnobValue] | None
+    bench: BenchResult | None
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,16 @@ class KindInfo:
 
 
 @dataclass(frozen=True)
+class BenchErrorClass:
+    """A class of bench request errors (``bench_error_classes`` in the rules file): which names, what they mean."""
+
+    id: str
+    match: re.Pattern[str]
+    title: str
+    hint: str
+
+
+@dataclass(frozen=True)
 class Signatures:
     """The whole rules file, compiled."""
 
@@ -192,6 +204,7 @@ class Signatures:
     knob_readers: dict[str, tuple[re.Pattern[str], ...]] = field(default_factory=dict)
     #: Every pattern source, by scan category (the needle index is built from these).
     sources: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    bench_classes: tuple[BenchErrorClass, ...] = ()
 
     @functools.cached_property
     def categories(self) -> logscan.Categories:
@@ -363,6 +376,20 @@ def parse_signatures(text: str, *, drop: frozenset[str] = frozenset()) -> Signat
                     example=str(c.get("example", "")),
                 )
             )
+    bench_classes = []
+    for j, c in enumerate(data.get("bench_error_classes") or []):
+        where = f"bench_error_classes[{j}]"
+        if not isinstance(c, dict) or not isinstance(c.get("match"), str):
+            raise ConfigError("a bench error class is {id, match, title, hint}", file="signatures.yaml", field=where)
+        _check(c["match"], f"{where}.match")
+        bench_classes.append(
+            BenchErrorClass(
+                id=str(c.get("id", where)),
+                match=re.compile(c["match"]),
+                title=str(c.get("title", "")),
+                hint=str(c.get("hint", "")),
+            )
+        )
     knobs = data.get("knobs") or {}
     knob_flags = {k: {s: str(f) for s, f in (v.get("flags") or {}).items()} for k, v in knobs.items()}
     readers_raw = {k: listed(v.get("read"), f"knobs.{k}.read") for k, v in knobs.items()}
@@ -390,6 +417,7 @@ def parse_signatures(text: str, *, drop: frozenset[str] = frozenset()) -> Signat
             "ready_alt": tuple(ready_ns),
             "shape": tuple(shape),
         },
+        bench_classes=tuple(bench_classes),
     )
 
 
@@ -786,6 +814,66 @@ def _after_ready(ctx: _Context, ready: Line | None) -> Diagnosis | None:
     return _diagnosis(ctx, "unknown", 0.2, evidence, "the server died after it became ready, with no recognised cause")
 
 
+def _bench_errors(bench: BenchResult) -> tuple[dict[str, int], dict[str, str], int, int]:
+    """The bench's unsuccessful requests by error name, one message each, and how many failed of how many sent."""
+    counts: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    failed = sent = 0
+    for lv in bench.levels:
+        sent += lv.sent
+        failed += lv.failed + lv.incomplete
+        for name, n in lv.errors.items():
+            counts[name] = counts.get(name, 0) + n
+            if lv.error_examples.get(name):
+                examples.setdefault(name, lv.error_examples[name])
+    return counts, examples, failed, sent
+
+
+def _bench_failure(ctx: _Context, bench: BenchResult | None, ready: Line | None, where: str) -> Diagnosis:
+    """A bench that failed on a server whose log shows no failure: its request errors, or the load it could not meet.
+
+    Never ``healthy``: the attempt failed. Errors get ``bench_errors`` with their counts by name, the client's error
+    samples as evidence (line 0: not a log line) next to the server's own error lines after the ready line, and a hint
+    that says what each class of error seen usually means. A bench with no errors that failed (an SLA search whose
+    lowest load missed) is ``below_gate``.
+    """
+    after = [ln for ln in ctx.lines if ready is None or ln.number > ready.number]
+    near = _crash_lines(ctx, after)[-3:]
+    log_evidence = [*([ready] if ready else []), *near]
+    if bench is None:
+        return _diagnosis(
+            ctx,
+            "bench_errors",
+            0.4,
+            log_evidence,
+            f"{where}; the bench failed before it measured a level (no bench result: the attempt's note says why)",
+        )
+    counts, examples, failed, sent = _bench_errors(bench)
+    if not counts:
+        what = "no load met the SLA" if bench.sla is not None else "a bench level failed"
+        return _diagnosis(ctx, "below_gate", 0.8, log_evidence, f"{where}; it answered every bench request but {what}")
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    listed = ", ".join(f"{name} {n}" for name, n in ranked)
+    first = examples.get(ranked[0][0])
+    d = _diagnosis(
+        ctx,
+        "bench_errors",
+        0.85,
+        log_evidence,
+        f"{where}; {failed} of {sent} bench requests failed: {listed}" + (f" ({first})" if first else ""),
+    )
+    samples = [
+        Evidence(line=0, text=f"bench request error {name} ({n} of {sent}): {examples.get(name) or 'no message'}"[:400])
+        for name, n in ranked[:3]
+    ]
+    d.evidence = [*samples, *d.evidence][:_MAX_EVIDENCE]
+    classes = [c for c in ctx.sigs.bench_classes if any(c.match.search(name) for name, _ in ranked)]
+    meanings = " ".join(f"{c.title[:1].upper()}{c.title[1:]}: {c.hint}" for c in classes)
+    d.hint = f"{d.hint} {meanings}".strip()
+    d.fingerprint = fingerprint("bench_errors", [e.text for e in d.evidence])
+    return d
+
+
 def diagnose_scan(
     scan: Scan,
     *,
@@ -797,10 +885,12 @@ def diagnose_scan(
     smoke: SmokeResult | None = None,
     timed_out: bool = False,
     knobs: Mapping[str, KnobValue] | None = None,
+    bench: BenchResult | None = None,
     trace: list[tuple[Rule, Line]] | None = None,
 ) -> Diagnosis:
     """The verdict on a scanned log (``diagnose`` and ``diagnose_file`` scan, then call this).
 
+    ``bench``: the attempt's bench result (the loop passes it with ``phase="bench"``), for the request errors' counts.
     ``trace``, if given, receives the rule that decided and its first evidence line.
     """
     ctx = _Context(scan, sigs or signatures(), server, exit_code, timed_out, phase, knobs or {})
@@ -808,7 +898,9 @@ def diagnose_scan(
         ctx.trace = trace
     post_ready_phase = (phase or "") in _AFTER_READY_PHASES
     # A smoke result exists only if the loop saw the server ready, whatever the log shows.
-    loop_saw_ready = smoke is not None or (timings is not None and timings.launch_to_ready_s is not None)
+    loop_saw_ready = (
+        smoke is not None or bench is not None or (timings is not None and timings.launch_to_ready_s is not None)
+    )
     unreadable = _unreadable(scan)
     if unreadable is not None and not (exit_code or timed_out or post_ready_phase or loop_saw_ready):
         return _diagnosis(ctx, "inconclusive", 0.0, [], unreadable)
@@ -834,8 +926,11 @@ def diagnose_scan(
     where = f"ready at line {ready.number}" if ready else "the loop saw it ready"
     if phase == "gates":
         return _diagnosis(ctx, "below_gate", 0.9, evidence, f"{where}; it answered right but missed a bench gate")
-    if phase in _AFTER_READY_PHASES and phase != "smoke":
-        where += f"; the server log shows no failure, the attempt failed in phase {phase!r}"
+    # A failed attempt is never healthy: the log shows none, so the loop's own measurement says what failed.
+    if phase == "bench" or (bench is not None and not bench.passed):
+        return _bench_failure(ctx, bench, ready, where)
+    if phase == "smoke":
+        return _diagnosis(ctx, "wrong_output", 0.3, evidence, f"{where}; the smoke test failed (no smoke result given)")
     return _diagnosis(ctx, "healthy", 0.9, evidence, where)
 
 

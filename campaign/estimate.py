@@ -19,7 +19,12 @@ from campaign.records import Attempt, PlanEstimate, RunReport, VariantCost
 
 
 def attempt_cost(att: Attempt) -> float | None:
-    """Seconds one stored attempt took (None when it recorded no timing: interrupted, skipped)."""
+    """Seconds one stored attempt took (None when it recorded no timing, or was cut short: skipped, interrupted).
+
+    An interrupted attempt keeps the timings measured up to its end, but a part of an attempt is not its cost.
+    """
+    if att.outcome == "interrupted":
+        return None
     t = att.timings
     if t.attempt_s is not None:
         return t.attempt_s

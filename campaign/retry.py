@@ -1,7 +1,8 @@
 """Retry policy: each failure classed transient or deterministic, and the per-variant budget with its backoff.
 
 A transient failure is one the same launch can pass on its next try: a port still in TIME_WAIT or briefly held,
-NCCL timing out while its ranks meet, a health endpoint that flaps after the ready line. Those are retried up to the
+NCCL timing out while its ranks meet, a health endpoint that flaps after the ready line, bench requests cut or
+failed on a server whose log shows no failure. Those are retried up to the
 experiment's ``retry.budget`` times, waiting ``backoff_s`` and then ``factor`` times longer each time. Everything
 else (bad arguments, a capture that breaks isolation, a knob not applied, an OOM at a given memory fraction, wrong
 answers, a gate missed, a start that stalls before its ready line, a death nobody can name) fails the same way
@@ -19,8 +20,12 @@ from campaign.config import RetryConfig
 
 FailureClass = Literal["transient", "deterministic"]
 
-#: Kinds whose cause passes with time whatever the phase.
-TRANSIENT_KINDS = frozenset({"port_in_use", "nccl_error"})
+#: Kinds whose cause passes with time whatever the phase. ``bench_errors`` is a bench whose requests failed on a server
+#: whose log shows no failure (a server that died or logged a fatal error gets that kind instead): most often a
+#: stream cut on the path (a proxy, a forward), which the next launch passes. The class goes by kind alone (a stored
+#: failure keeps no error counts), and a retry of a server that fails its requests every time costs only the budget,
+#: while classing it deterministic would skip a good spec in every later run after one cut connection.
+TRANSIENT_KINDS = frozenset({"port_in_use", "nccl_error", "bench_errors"})
 #: A start that timed out after its ready line (waiting only for health) is health flapping; before it, a slow or
 #: stuck load that will be as slow next time.
 _FLAPPING_PHASES = frozenset({"ready"})

@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from campaign.bench import run_bench
+from campaign.bench.testing import ScheduledServer
 from campaign.console.diagnosis import render_diagnosis
 from campaign.diagnose import KINDS, diagnose, diagnose_file, parse_signatures, signatures
 from campaign.errors import ConfigError, UsageError
-from campaign.records import SmokeCheck, SmokeResult, Timings
+from campaign.records import BenchSettings, SmokeCheck, SmokeResult, Timings
+from campaign.retry import failure_class
 
 DATA = Path(__file__).parent / "data"
 REAL = [json.loads(line) for line in (DATA / "real-failures.jsonl").read_text().splitlines() if line.strip()]
@@ -255,6 +258,38 @@ def test_a_gate_failure_on_a_healthy_server_is_not_blamed_on_the_log() -> None:
     assert d.kind == "below_gate"
     assert "missed a bench gate" in d.summary and "repeats" in d.hint
     assert [e.line for e in d.evidence] == [diagnose(log, server="refserver").evidence[0].line]
+
+
+@pytest.mark.parametrize(
+    ("mode", "error", "meaning"),
+    [
+        ("drop", "incomplete:connection_closed", "Connection closed or reset: the server or something on the path"),
+        ("http_500", "http_500", "The server's own error: the server answered with an error"),
+    ],
+)
+def test_request_errors_in_a_real_bench_are_bench_errors_never_healthy(mode: str, error: str, meaning: str) -> None:
+    # What the loop passes when a bench level's error rate passed max_error_rate on a server whose log shows no
+    # failure (an H200 run: one of 32 streams cut, diagnosed `healthy` before this kind existed).
+    log = (DATA / "variants" / "healthy--refserver-cpu.log").read_text()
+    with ScheduledServer(ttft_ms=2, itl_ms=1, tokens=4, fail_mode=mode, fail_every=4) as srv:
+        bench = run_bench(srv.url, BenchSettings(concurrency=[2], requests=8, warmup=0, max_error_rate=0.01))
+    assert not bench.passed
+    d = diagnose(log, server="refserver", phase="bench", timings=Timings(launch_to_ready_s=1.2), bench=bench)
+    assert d.kind == "bench_errors"
+    assert f"2 of 8 bench requests failed: {error} 2" in d.summary
+    assert d.evidence[0].line == 0 and d.evidence[0].text.startswith(f"bench request error {error} (2 of 8): ")
+    ready = diagnose(log, server="refserver").evidence[0].line
+    assert ready in [e.line for e in d.evidence]
+    assert meaning in d.hint
+    assert failure_class(d.kind, "bench") == "transient"
+
+
+def test_a_bench_phase_failure_is_never_healthy_even_without_its_result() -> None:
+    log = (DATA / "variants" / "healthy--refserver-cpu.log").read_text()
+    # The bench could not run (its first request failed): the attempt's note has the error, the kind says where.
+    d = diagnose(log, server="refserver", phase="bench", timings=Timings(launch_to_ready_s=1.2))
+    assert d.kind == "bench_errors" and "before it measured a level" in d.summary
+    assert diagnose(log, server="refserver", phase="smoke").kind != "healthy"
 
 
 def test_the_loops_launch_phase_means_no_phase_seen() -> None:

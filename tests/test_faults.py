@@ -313,6 +313,10 @@ def test_a_signal_while_a_variant_waits_for_ready(tmp_path: Path, runs: Path, si
     assert hang["variant"] == "hang" and hang["outcome"] == "interrupted" and hang["log_file"]
     assert report["attempts"][2]["role"] == "restore" and report["attempts"][2]["outcome"] == "passed"
     assert report["final"]["healthy"] and report["final"]["variant"] == "baseline"
+    # What was measured before the signal is kept: the stop, the attempt up to the signal; it never got ready.
+    t = hang["timings"]
+    assert t["stop_s"] is not None and t["attempt_s"] is not None and t["attempt_s"] >= 0.3
+    assert t["launch_to_ready_s"] is None and t["smoke_s"] is None and t["bench_s"] is None
     assert not alive(hang["pgid"])
     assert [tok.split(":")[1] for _pid, tok in ours_running(runs)] == ["2"] * len(ours_running(runs))
     assert not lock_dir().exists()
@@ -343,6 +347,14 @@ def test_one_ctrl_c_during_smoke(tmp_path: Path, runs: Path) -> None:
     restore = report["attempts"][2]
     assert restore["role"] == "restore" and restore["outcome"] == "passed"
     assert report["final"]["healthy"] and report["final"]["variant"] == "baseline"
+    # The record keeps what was measured up to the signal: the ready time (as printed), the attempt's time to the
+    # signal; the smoke it cut has no duration, the bench never ran.
+    t = asked["timings"]
+    printed = float(re.search(r"#1 ready in ([\d.]+) s", before)[1])  # type: ignore[index]
+    assert t["launch_to_ready_s"] is not None and abs(t["launch_to_ready_s"] - printed) <= 0.0051
+    assert t["ready_detect_lag_s"] is not None and t["stop_s"] is not None
+    assert t["attempt_s"] is not None and t["attempt_s"] >= t["stop_s"] + t["launch_to_ready_s"] - 1.0
+    assert t["smoke_s"] is None and t["bench_s"] is None
     assert not alive(asked["pgid"]) and not lock_dir().exists()
 
 
@@ -598,6 +610,66 @@ def test_ssh_lost_for_good_exits_3_within_the_reconnect_budget(tmp_path: Path, r
     finally:
         restarted.kill()
         restarted.wait(10)
+
+
+#: A server that, once it has said it is ready, puts a folder where its log was: the next read of the log on the host
+#: fails ("Is a directory") on a live connection. A fault at the host's file system, not in campaign.
+LOG_UNREADABLE = (
+    "import os, threading, time\n"
+    "def swap():\n"
+    "    log = os.readlink('/proc/self/fd/1')\n"
+    "    while b'fired up and ready' not in open(log, 'rb').read():\n"
+    "        time.sleep(0.01)\n"
+    "    os.rename(log, log + '.moved')\n"
+    "    os.mkdir(log)\n"
+    "threading.Thread(target=swap, daemon=True).start()\n"
+)
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_a_host_error_that_is_not_a_loss_releases_the_lock(tmp_path: Path, runs: Path, kind: str) -> None:
+    """A host call that fails on a live host (the server's log cannot be read) mid-variant: exit 3 (box unproven),
+    the run `aborted`, the lock released (the next `stop` is not refused), the server left running tracked in
+    current.json (`status` names it), and that `stop` leaves nothing of ours running."""
+    sshd: subprocess.Popen[bytes] | None = None
+    host: dict[str, Any] | None = None
+    if kind == "ssh":
+        (tmp_path / "sshd").mkdir()
+        server, sshd = start_test_sshd(tmp_path / "sshd")
+        host = _host_of(server)
+    try:
+        path = experiment(
+            tmp_path,
+            f"unreadable-{kind}",
+            [{"name": "unreadable", "env": behaviour(tmp_path, "unreadable", LOG_UNREADABLE)}],
+            host=host,
+        )
+        res = cli("run", str(path), "--json", runs=runs)
+        assert res.returncode == 3, res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["kind"] == "BoxUnproven" and "cannot read" in doc["error"] and "server.log" in doc["error"]
+        assert "unreadable" in doc["error"]  # the last server launched is named
+        assert not lock_dir().exists()  # the host still answers: the run gave its lock back
+        assert "lock this run left" not in doc["hint"] and "campaign restore" in doc["hint"]
+        report = show(runs)
+        assert report["status"] == "aborted"
+        failed = report["attempts"][1]
+        assert failed["variant"] == "unreadable" and failed["outcome"] == "interrupted"
+        assert "cut short" in failed["note"] and "cannot read" in failed["note"]
+        assert failed["timings"]["stop_s"] is not None and failed["timings"]["attempt_s"] is not None
+        # What runs is what the record says runs: the variant, tracked, nothing else of ours.
+        status = cli("status", str(path), "--json", runs=runs)
+        assert status.returncode == 0, status.stderr
+        running = json.loads(status.stdout)["running"]
+        assert running["variant"] == "unreadable" and running["alive"]
+        assert {tok.split(":")[1] for _pid, tok in ours_running(runs)} == {"1"}
+        stop = cli("stop", str(path), runs=runs)
+        assert stop.returncode == 0, stop.stderr
+        assert ours_running(runs) == [] and not lock_dir().exists()
+    finally:
+        if sshd is not None:
+            sshd.kill()
+            sshd.wait(10)
 
 
 def _host_of(server: SSHServer) -> dict[str, Any]:

@@ -309,7 +309,12 @@ def test_restore_at_end_checks_the_box_between_variants_and_restores_once(tmp_pa
 
 def test_failure_classes_and_the_backoff() -> None:
     """The documented classes (docs/long-campaigns.md); waits grow by ``factor``; the box is proven after damage."""
-    transient = [("port_in_use", "launch"), ("nccl_error", "load"), ("startup_timeout", "ready")]
+    transient = [
+        ("port_in_use", "launch"),
+        ("nccl_error", "load"),
+        ("startup_timeout", "ready"),
+        ("bench_errors", "bench"),
+    ]
     deterministic = [
         ("bad_args", "launch"),
         ("stream_capture_isolation", "graph_capture"),

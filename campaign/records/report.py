@@ -48,7 +48,8 @@ class LaunchSpec(BaseModel):
 
 
 class Evidence(BaseModel):
-    """One log line that supports a diagnosis; ``line`` is 1-based in the attempt's log."""
+    """One log line that supports a diagnosis; ``line`` is 1-based in the attempt's log (0: not a log line, e.g. a
+    bench client's error sample for ``bench_errors``)."""
 
     line: int
     text: str

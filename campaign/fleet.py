@@ -150,21 +150,27 @@ class Fleet:
         self._part_store.heal()  # once, here: not by two hosts' threads at the same moment
         names = ", ".join(c.host.name for c in self.parts)
         self._say(Event("run_start", text=f"fleet run {self.run_id} on {len(self.parts)} hosts: {names}"))
+        done = [threading.Event() for _ in self.parts]
         threads = [
-            threading.Thread(target=self._host_loop, args=(c, force), name=f"host {c.host.name}", daemon=True)
-            for c in self.parts
+            threading.Thread(target=self._host_loop, args=(c, force, d), name=f"host {c.host.name}", daemon=True)
+            for c, d in zip(self.parts, done, strict=True)
         ]
         with Interruption() as intr:
             for t in threads:
                 t.start()
-            while any(t.is_alive() for t in threads):
+            # The hosts' own "done" events, not Thread.join/is_alive: when a signal handler raises inside join(),
+            # CPython 3.11-3.12 (its bpo-45274 handling) marks the thread as stopped although it still runs, and
+            # the run would end and close the hosts under a host that is still restoring its baseline.
+            while not all(d.is_set() for d in done):
                 try:
-                    for t in threads:
-                        t.join(_JOIN_S)
+                    for d in done:
+                        d.wait(_JOIN_S)
                 except Interrupted as e:
                     for camp in self.parts:
                         camp.interrupt(e.signum)
             intr.quiet()
+        for t in threads:
+            t.join()
         self.report.ended_at = now_iso()
         if len(self._refused) == len(self.parts):
             if (self.store.root / self.run_id / "report.json").is_file():
@@ -176,7 +182,13 @@ class Fleet:
             raise _worst_error(self._errors)
         return self.report
 
-    def _host_loop(self, camp: Campaign, force: bool) -> None:
+    def _host_loop(self, camp: Campaign, force: bool, done: threading.Event) -> None:
+        try:
+            self._host_run_loop(camp, force)
+        finally:
+            done.set()
+
+    def _host_run_loop(self, camp: Campaign, force: bool) -> None:
         name = camp.host.name
         try:
             camp.run(force=force)

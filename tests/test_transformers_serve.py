@@ -13,6 +13,7 @@ import json
 import socket
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +129,13 @@ def test_the_recipe_renders_only_flags_transformers_serve_lists() -> None:
         assert check_plan(exp, recipe, planned, server) == [], version
 
 
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+
+
 def test_a_campaign_over_transformers_serve_knobs(tmp_path: Path) -> None:
-    """Baseline and compile pass with exact answers; paged-cache batching fails every request, diagnosed."""
+    """Baseline and compile pass with exact answers; paged-cache batching fails every request (diagnosed) up to
+    transformers 5.24 and answers exactly from 5.25, where upstream fixed it."""
     path = experiment(
         tmp_path,
         "tserve",
@@ -139,8 +145,12 @@ def test_a_campaign_over_transformers_serve_knobs(tmp_path: Path) -> None:
         ],
     )
     runs = tmp_path / "runs"
+    # Up to transformers 5.24 the paged cache stored one K and one V shape per head; DeepSeek-V3's attention hands
+    # it the compressed latent (512) and the rope key (64), so every request failed: a real upstream limitation,
+    # fixed in 5.25 (seen in a clean install on 2026-12-03). Either way the campaign must say what happened.
+    fixed_upstream = _version(metadata.version("transformers")) >= (5, 25)
     res = campaign("run", str(path), "--json", runs=runs)
-    assert res.returncode == 1, res.stderr
+    assert res.returncode == (0 if fixed_upstream else 1), res.stderr
     doc = json.loads(res.stdout)
     att = attempts(doc)
 
@@ -149,9 +159,11 @@ def test_a_campaign_over_transformers_serve_knobs(tmp_path: Path) -> None:
     assert base["smoke"]["passed"] == base["smoke"]["total"] >= 7
     assert att["compile"]["outcome"] == "passed", att["compile"]
 
-    # transformers' paged cache stores one K and one V shape per head; DeepSeek-V3's attention hands it the
-    # compressed latent (512) and the rope key (64), so every request fails: a real limitation, not ours.
     cb = att["continuous-batching"]
+    if fixed_upstream:
+        assert cb["outcome"] == "passed" and cb["smoke"]["passed"] == cb["smoke"]["total"] >= 7, cb
+        campaign("stop", str(path), runs=runs)
+        return
     assert cb["outcome"] == "failed" and cb["failed_phase"] == "smoke"
     # No kind of campaign's names a tensor op's shape check failing inside the server's own cache code: unknown, with
     # that exception line as evidence (not torch.compile, whose eval_frame wrapper the stack merely passed through).

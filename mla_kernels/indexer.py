@@ -5,8 +5,8 @@ score[b, t] = k_scale[slot] · Σ_h w[b, h] · ReLU(q[b, h] · k[slot]), slot = 
 Shapes are padded to the maximum context M = 64·page_table.shape[1] (as under CUDA graphs), but every loop bound
 is the row's length read from a device tensor: the scoring grid is a fixed number of programs per row that stride
 over the row's own pages, and the top-k is a radix select over [0, L). Nothing is filled, scanned or launched in
-proportion to M. ``naive_indexer_topk`` is the other way (a grid over all M/64 pages, a -inf filled [B, M] logits
-tensor and torch.topk over the full width), kept so the benchmark can show what that costs.
+proportion to M. ``naive_indexer_topk`` is the other way (every one of the M/64 pages scored, a -inf filled [B, M]
+logits tensor and torch.topk over the full width), kept so the benchmark and the server can show what that costs.
 """
 
 from __future__ import annotations
@@ -74,12 +74,18 @@ def _score_kernel(
     BLOCK_H: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
+    FULL_WIDTH: tl.constexpr,
 ):
-    """Program (b, p) scores pages p, p + P, ... of row b while they start below the row's length."""
+    """Program (b, p) scores pages p, p + P, ... of row b while they start below the row's length.
+
+    With FULL_WIDTH it scores every page of the table instead (the O(max_context) form) and writes -inf past the
+    row's length, so every column of the row is written.
+    """
     pid_b = tl.program_id(0)
     pid_p = tl.program_id(1)
     n_prog = tl.num_programs(1)
     length = tl.minimum(tl.load(len_ptr + pid_b), M)
+    limit = M if FULL_WIDTH else length
     heads = tl.arange(0, BLOCK_H)
     d = tl.arange(0, D)
     hmask = heads < H
@@ -89,8 +95,11 @@ def _score_kernel(
     w = tl.load(w_ptr + pid_b * stride_wb + heads, mask=hmask, other=0.0).to(tl.float32)
     offs = tl.arange(0, PAGE_SIZE)
     page = pid_p
-    while page * PAGE_SIZE < length:
+    while page * PAGE_SIZE < limit:
         phys = tl.load(pt_ptr + pid_b * stride_pb + page).to(tl.int64)
+        if FULL_WIDTH:
+            # Past the length a table entry may hold anything; read page 0 there, as an engine's zero padding does.
+            phys = tl.where(page * PAGE_SIZE < length, phys, 0)
         slots = phys * PAGE_SIZE + offs
         k = tl.load(k_ptr + slots[:, None] * stride_k + d[None, :])
         if UPCAST:
@@ -99,11 +108,16 @@ def _score_kernel(
             s = tl.dot(q, tl.trans(k))
         score = tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0) * tl.load(ks_ptr + slots)
         pos = page * PAGE_SIZE + offs
-        tl.store(logits_ptr + pid_b * stride_lb + pos, score, mask=pos < length)
+        if FULL_WIDTH:
+            tl.store(logits_ptr + pid_b * stride_lb + pos, tl.where(pos < length, score, float("-inf")))
+        else:
+            tl.store(logits_ptr + pid_b * stride_lb + pos, score, mask=pos < length)
         page += n_prog
 
 
-def _launch_scores(q, weights, k_cache, k_scale, page_table, lengths, logits, programs_per_row: int) -> None:
+def _launch_scores(
+    q, weights, k_cache, k_scale, page_table, lengths, logits, programs_per_row: int, full_width: bool = False
+) -> None:
     b, h, d = q.shape
     _score_kernel[(b, programs_per_row)](
         q,
@@ -125,6 +139,7 @@ def _launch_scores(q, weights, k_cache, k_scale, page_table, lengths, logits, pr
         BLOCK_H=max(16, triton.next_power_of_2(h)),
         PAGE_SIZE=PAGE,
         UPCAST=interpreting(),
+        FULL_WIDTH=full_width,
         num_warps=4,
         num_stages=2,
     )
@@ -316,10 +331,12 @@ def naive_indexer_topk(
     lengths: torch.Tensor,
     topk: int,
 ) -> torch.Tensor:
-    """The O(max_context) form, for the benchmark only: same result, work sized by M instead of L.
+    """The O(max_context) form (the seed's bug, kept as a variant to catch): same result, work sized by M, not L.
 
-    It launches one scoring program per page of the padded table (those past the length return at once),
-    fills a [B, M] logits tensor with -inf every call, and runs torch.topk over the full width.
+    Every source of O(M) work the reference notes list for a decode step: a scoring program per page of the padded
+    table, each scoring its page whatever the row's length (padded entries point at page 0, so they read real
+    keys and score them; the kernel then writes -inf past the length), a [B, M] logits tensor filled with -inf
+    every call, and torch.topk over the full width.
     """
     check_indexer_inputs(q, weights, k_cache, k_scale, page_table, lengths)
     require_triton_device(q)
@@ -328,7 +345,7 @@ def naive_indexer_topk(
     m = PAGE * pages
     k = min(topk, m)
     logits = torch.full((b, m), float("-inf"), dtype=torch.float32, device=q.device)
-    _launch_scores(q, weights, k_cache, k_scale.contiguous(), page_table, lengths, logits, pages)
+    _launch_scores(q, weights, k_cache, k_scale.contiguous(), page_table, lengths, logits, pages, full_width=True)
     values, pos = torch.topk(logits, k, dim=1)
     pos = pos.to(torch.int32)
     slots = torch.gather(page_table, 1, (pos // PAGE).long()) * PAGE + pos % PAGE

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the H200 machine: install the carried wheels, then run the GPU checks and benchmarks.
-# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [kernels-quick] [kernels-bench] [longctx-model] [diagnose] [tune] [refserver] [train] [loop] [sla] [indexer] [ssh] [profile]
+# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [kernels-quick] [kernels-bench] [longctx-model] [diagnose] [tune] [refserver] [train] [loop] [sla] [indexer] [ssh] [probe] [profile]
 # Results go under $OUT (or ./gpu-out when OUT is unset). Carry `.whl` (built by scripts/build_wheels.sh) with the call,
 # and `.deb` (scripts/build_debs.sh) for the `ssh` section.
 set -uo pipefail
@@ -132,12 +132,19 @@ PY
                else
                  cat "$OUT/ssh-sshd.log"; echo "--- summary (ssh): the sshd did not start (above); no campaign ran"; rc=1
                fi ;;
+    # probe: one decode step of the long-context server split into GPU time, the engine's host work and (by
+    # difference with the served ITL) HTTP: mma with each indexer form at 128k max context, then simt and mma at 16k
+    # (scripts/decode_step_probe.py; the wide model first, from longctx-model).
+    probe)     timeout 240 python3 scripts/decode_step_probe.py --context-length 131072 --form mma:aware \
+                 --form mma:naive --json "$OUT/probe-128k.json" 2>&1 | grep -v '^\[' | tee "$OUT/probe.txt" || rc=1
+               timeout 200 python3 scripts/decode_step_probe.py --context-length 16384 --form simt:aware \
+                 --form mma:aware --json "$OUT/probe-16k.json" 2>&1 | grep -v '^\[' | tee -a "$OUT/probe.txt" || rc=1 ;;
     # profile: Nsight Compute on one steady call of the H=16, B=32 MMA split kernel (when ncu is installed).
     profile)   ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
                if [ -z "$ncu_bin" ]; then echo "no ncu on this machine" | tee "$OUT/ncu.txt"
                else timeout 150 "$ncu_bin" --kernel-name regex:_mma_decode_kernel --launch-skip 3 --launch-count 1 \
                       --set full python3 scripts/ncu_mma.py >"$OUT/ncu.txt" 2>&1 || rc=1; tail -150 "$OUT/ncu.txt"; fi ;;
-    *) echo "unknown section: $s (kernels, kernels-quick, kernels-bench, longctx-model, diagnose, tune, refserver, train, loop, sla, indexer, ssh, profile)"; rc=2 ;;
+    *) echo "unknown section: $s (kernels, kernels-quick, kernels-bench, longctx-model, diagnose, tune, refserver, train, loop, sla, indexer, ssh, probe, profile)"; rc=2 ;;
   esac
 done
 exit $rc

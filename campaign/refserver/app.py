@@ -13,7 +13,9 @@ POST /start_profile and /stop_profile drive torch.profiler as SGLang's do (``cam
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -121,6 +123,38 @@ def prompt_text(chat: ChatRequest) -> str:
     raise BadRequest("messages must contain a message with role 'user'", "messages")
 
 
+class Relay:
+    """Hands tokens from the scheduler thread to the event loop with one wake-up per batch, not one per token.
+
+    A decode step hands out a token for every running request; waking the loop for each (a write to its self-pipe,
+    then a turn of the loop) costs the GIL both threads need. The first ``put`` of a batch schedules one drain;
+    the others only append.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue[Any], Any]] = []
+        self._scheduled = False
+
+    def put(self, queue: asyncio.Queue[Any], item: Any) -> None:
+        """Queue ``item`` for ``queue`` from any thread; the loop delivers it at its next turn."""
+        with self._lock:
+            self._items.append((queue, item))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop closed (shutdown): nobody is left to read
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
 class ServerState:
     """What the routes share: the engine, the model id, and whether warm-up finished."""
 
@@ -181,6 +215,7 @@ def build_app(state: ServerState) -> FastAPI:
     engine = state.engine
     add_profile_routes(app, engine.args.device)
     context_len = engine.context_len
+    relays: dict[asyncio.AbstractEventLoop, Relay] = {}
 
     def make_request(
         text: str, asked: int | None, temperature: float | None, *, ignore_eos: bool, logprobs: int | None, what: str
@@ -222,20 +257,20 @@ def build_app(state: ServerState) -> FastAPI:
             prompts[0], req.max_tokens, req.temperature, ignore_eos=req.ignore_eos, logprobs=req.logprobs, what="prompt"
         )
 
-    async def generate(gen: GenRequest) -> AsyncIterator[tuple[int | None, str | None]]:
+    async def generate(gen: GenRequest) -> AsyncIterator[list[tuple[int | None, str | None]]]:
+        """The request's tokens as they come: each item is every (token, reason) that arrived since the last one."""
         loop = asyncio.get_running_loop()
+        relay = relays.get(loop) or relays.setdefault(loop, Relay(loop))
         queue: asyncio.Queue[tuple[int | None, str | None]] = asyncio.Queue()
-
-        def sink(token: int | None, reason: str | None) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (token, reason))
-
-        gen.sink = sink
+        gen.sink = lambda token, reason: relay.put(queue, (token, reason))
         engine.submit(gen)
         try:
             while True:
-                token, reason = await queue.get()
-                yield token, reason
-                if reason is not None:
+                batch = [await queue.get()]
+                while not queue.empty():  # behind the engine: what is queued goes out in one write
+                    batch.append(queue.get_nowait())
+                yield batch
+                if batch[-1][1] is not None:
                     return
         finally:
             if gen.finish_reason is None:
@@ -275,16 +310,25 @@ def build_app(state: ServerState) -> FastAPI:
                 yield event(first)
             finish: str | None = None
             seen = 0
-            async for token, reason in generate(gen):
-                if reason == "error":
-                    err = {"error": {"message": "generation failed", "type": "server_error", "code": None}}
-                    yield f"data: {json.dumps(err)}\n\n"
+            failed = False
+            async for batch in generate(gen):
+                out: list[str] = []
+                for token, reason in batch:
+                    if reason == "error":
+                        err = {"error": {"message": "generation failed", "type": "server_error", "code": None}}
+                        out.append(f"data: {json.dumps(err)}\n\n")
+                        failed = True
+                        break
+                    if token is not None:
+                        seen += 1
+                        if token != EOS:
+                            lp = gen.token_logprobs[seen - 1] if gen.logprobs is not None else None
+                            out.append(event(piece(token, lp)))
+                    finish = reason
+                if out:
+                    yield "".join(out)
+                if failed:
                     break
-                if token is not None:
-                    seen += 1
-                    if token != EOS:
-                        yield event(piece(token, gen.token_logprobs[seen - 1] if gen.logprobs is not None else None))
-                finish = reason
             if finish is not None:
                 yield event(done(finish))
             if usage:
@@ -296,8 +340,8 @@ def build_app(state: ServerState) -> FastAPI:
     async def finish(gen: GenRequest) -> str | None:
         """Run ``gen`` to its end; its finish reason, or None when the engine failed."""
         finish_reason: str | None = None
-        async for _token, reason in generate(gen):
-            finish_reason = reason
+        async for batch in generate(gen):
+            finish_reason = batch[-1][1]
         return None if finish_reason == "error" else finish_reason
 
     def failed() -> JSONResponse:
@@ -415,8 +459,8 @@ def build_app(state: ServerState) -> FastAPI:
         gen = GenRequest(encode_prompt("What is 1+1?"), 1, temperature=0.0)
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT_S):
-                async for _token, reason in generate(gen):
-                    if reason == "error":
+                async for batch in generate(gen):
+                    if any(reason == "error" for _token, reason in batch):
                         return PlainTextResponse("generation failed", status_code=503)
         except TimeoutError:
             return PlainTextResponse(f"no token within {HEALTH_TIMEOUT_S:.0f} s", status_code=503)

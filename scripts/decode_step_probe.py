@@ -1,0 +1,149 @@
+"""Where one decode step of the long-context reference server goes: the GPU, the engine's host work, or neither.
+
+For each form asked (attention backend x indexer form), it builds the server's engine as ``python -m
+campaign.refserver`` does (the wide long-context model, bf16, CUDA graphs, the given max context), admits ``--batch``
+requests of ``--prompt-len`` tokens (a question after filler, as ``campaign bench --prompts long-context`` sends),
+prefills them, then times ``--steps`` decode steps three ways:
+
+- ``gpu_ms``: the decode graph alone (``DecodeRunner.decode`` on the step's inputs), CUDA events around it;
+- ``runner_ms``: the same call timed on the host with a synchronize, i.e. the graph plus copying its inputs;
+- ``engine_ms``: the engine's whole decode step (building the page tables, the call, choosing and handing out the
+  tokens), the work the scheduler thread does per token of every request, without HTTP.
+
+The served ITL (from ``campaign run``) minus ``engine_ms`` is what the HTTP side adds. Medians over the steps.
+Usage (on the GPU machine): ``python scripts/decode_step_probe.py --json OUT.json [--form mma:aware ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from campaign.refserver.engine import Engine, EngineArgs, Request
+from campaign.refserver.questions import filler_text, long_context_text
+from campaign.refserver.tokenizer import encode_prompt
+
+WIDE = Path("campaign/refserver/weights/longctx-wide.safetensors")
+
+
+def prompts(n: int, length: int) -> list[list[int]]:
+    """``n`` long-context prompts of about ``length`` tokens (filler, then a question), seeded."""
+    rng = random.Random(0)
+    out = []
+    for i in range(n):
+        question = f"What is {i % 90 + 10}×{(7 * i) % 90 + 10}?"
+        bare = len(encode_prompt(long_context_text(question, "")))
+        out.append(encode_prompt(long_context_text(question, filler_text(rng, max(0, length - bare - 2)))))
+    return out
+
+
+def probe(backend: str, indexer: str, args: argparse.Namespace) -> dict[str, object]:
+    """Build one engine, fill it with the batch, and time its decode steps."""
+    engine = Engine(
+        EngineArgs(
+            model_path=args.model_path,
+            device=args.device,
+            attention_backend=backend,
+            disable_cuda_graph=args.device != "cuda",
+            cuda_graph_max_bs=args.batch,
+            context_length=args.context_length,
+            indexer=indexer,
+            dtype="bfloat16" if args.device == "cuda" else "auto",
+            max_running_requests=args.batch,
+        )
+    )
+    requests = [Request(p, args.steps + 8, ignore_eos=True) for p in prompts(args.batch, args.prompt_len)]
+    for request in requests:
+        engine.submit(request)
+    began = time.perf_counter()
+    engine.step()  # admits and prefills all, then one decode step
+    prefill_s = time.perf_counter() - began
+    engine_ms, gpu_ms, runner_ms = [], [], []
+    cuda = args.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(args.steps):
+        sync()
+        t0 = time.perf_counter()
+        engine._decode()
+        engine_ms.append((time.perf_counter() - t0) * 1e3)
+    # The graph alone on the last step's shapes: same batch, same page tables (one token longer each step).
+    batch = engine._running
+    dev = torch.device(args.device)
+    k = engine.runner.context_len
+    tokens = torch.tensor([r.output[-1] for r in batch], device=dev)
+    positions = torch.tensor([r.length - 1 for r in batch], device=dev)
+    out_slots = torch.tensor([int(r.slots[r.length - 1]) for r in batch], device=dev)  # type: ignore[index]
+    idx = torch.zeros((len(batch), k), dtype=torch.int32, device=dev)
+    for i, r in enumerate(batch):
+        pages = torch.from_numpy(engine.pool.page_table(r.slots))  # type: ignore[arg-type]
+        idx[i, : len(pages)] = pages.to(dev)
+    for _ in range(args.steps):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            engine.runner.decode(tokens, positions, out_slots, idx)
+            end.record()
+            sync()
+            gpu_ms.append(start.elapsed_time(end))
+        t0 = time.perf_counter()
+        engine.runner.decode(tokens, positions, out_slots, idx)
+        sync()
+        runner_ms.append((time.perf_counter() - t0) * 1e3)
+    del engine
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return {
+        "backend": backend,
+        "indexer": indexer,
+        "batch": args.batch,
+        "prompt_len": args.prompt_len,
+        "context_length": args.context_length,
+        "prefill_s": round(prefill_s, 3),
+        "gpu_ms": round(statistics.median(gpu_ms), 4) if gpu_ms else None,
+        "runner_ms": round(statistics.median(runner_ms), 4),
+        "engine_ms": round(statistics.median(engine_ms), 4),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the forms asked and print one table row each; ``--json`` writes them."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--form", action="append", help="BACKEND:INDEXER, e.g. mma:aware (repeat)")
+    parser.add_argument("--model-path", type=Path, default=WIDE)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=8192)
+    parser.add_argument("--context-length", type=int, default=131072)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu to rehearse (no graphs, no GPU time)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    forms = args.form or ["mma:aware", "mma:naive", "simt:aware"]
+    rows = []
+    print(f"{'form':<12} {'ctx':>7} {'B':>3} {'gpu ms':>8} {'runner ms':>10} {'engine ms':>10} {'prefill s':>10}")
+    for form in forms:
+        backend, indexer = form.split(":")
+        row = probe(backend, indexer, args)
+        rows.append(row)
+        print(
+            f"{form:<12} {args.context_length:>7} {args.batch:>3} {row['gpu_ms']!s:>8} {row['runner_ms']:>10} "
+            f"{row['engine_ms']:>10} {row['prefill_s']:>10}",
+            flush=True,
+        )
+    if args.json:
+        gpu = torch.cuda.get_device_name() if args.device == "cuda" else None
+        meta = {"torch": torch.__version__, "gpu": gpu, "argv": sys.argv}
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

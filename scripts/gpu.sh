@@ -135,9 +135,9 @@ PY
     # probe: one decode step of the long-context server split into GPU time, the engine's host work and (by
     # difference with the served ITL) HTTP: mma with each indexer form at 128k max context, then simt and mma at 16k
     # (scripts/decode_step_probe.py; the wide model first, from longctx-model).
-    probe)     timeout 240 python3 scripts/decode_step_probe.py --context-length 131072 --form mma:aware \
+    probe)     timeout 150 python3 scripts/decode_step_probe.py --steps 30 --context-length 131072 --form mma:aware \
                  --form mma:naive --json "$OUT/probe-128k.json" 2>&1 | grep -v '^\[' | tee "$OUT/probe.txt" || rc=1
-               timeout 200 python3 scripts/decode_step_probe.py --context-length 16384 --form simt:aware \
+               timeout 120 python3 scripts/decode_step_probe.py --steps 30 --context-length 16384 --form simt:aware \
                  --form mma:aware --json "$OUT/probe-16k.json" 2>&1 | grep -v '^\[' | tee -a "$OUT/probe.txt" || rc=1 ;;
     # profile: Nsight Compute on one steady call of the H=16, B=32 MMA split kernel (when ncu is installed).
     profile)   ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)

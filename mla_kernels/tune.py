@@ -111,7 +111,7 @@ def variants(round: int = 1) -> list[Variant]:
         Variant("n32-w4-s5-halves-ww2-s4", 16, 32, 4096, replace(d16, num_stages=4)),
         Variant("default", 128, 32, 4096, d128),
         Variant("default", 128, 128, 4096, d128),
-        Variant("h128-swap-h32-n64-w8-s3-ww1", 128, 32, 4096, replace(d128, whole_wave=True)),
+        Variant("h128-swap-h32-n64-w8-s3-ww1", 128, 32, 4096, C(32, 64, 8, 3, swap=True, whole_wave=True)),
         Variant("h128-swap-h64-n64-w8-s3-pps1", 128, 32, 4096, C(64, 64, 8, 3, swap=True, programs_per_sm=1)),
         Variant("h128-vsplit-h64-n16-w4-s3", 128, 32, 4096, vs),
         Variant("h128-vsplit-h64-n16-w4-s3", 128, 128, 4096, vs),

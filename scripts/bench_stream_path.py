@@ -4,7 +4,8 @@ The app (``campaign.refserver.app.build_app``, served by uvicorn in this process
 serves it) runs over a stand-in engine: a scheduler thread that, like the real one, hands every running request one
 token per step, and sleeps ``--step-ms`` per step in place of the GPU (a sleep releases the GIL, as waiting for the
 GPU does). ``campaign bench`` (its own process) then streams ``-c`` requests of ``--tokens`` tokens. The served ITL
-minus the step time is what the HTTP path and its hand-off from the scheduler thread cost per step.
+minus the step time (``--step-ms`` asleep plus ``--hold-ms`` of Python holding the GIL, as the real engine's host
+work does) is what the HTTP path and its hand-off from the scheduler thread cost per step.
 
 Usage: ``python scripts/bench_stream_path.py [--step-ms 2] [-c 32] [--tokens 256] [--json OUT]``
 """
@@ -30,8 +31,10 @@ from campaign.refserver.engine import Request, Stats
 class SteppedEngine:
     """A stand-in for ``Engine`` at the app's seam: one token per running request every ``step_s``."""
 
-    def __init__(self, step_s: float) -> None:
+    def __init__(self, step_s: float, hold_s: float = 0.0, waits: int = 1) -> None:
         self.step_s = step_s
+        self.hold_s = hold_s
+        self.waits = waits
         self.model_id = "stand-in"
         self.context_len = 1 << 20
         self.args = SimpleNamespace(device="cpu")
@@ -58,7 +61,11 @@ class SteppedEngine:
                 while not self._running:
                     self._cond.wait()
                 batch = list(self._running)
-            time.sleep(self.step_s)  # the GPU's share of the step, GIL released
+            for _ in range(self.waits):  # the GPU's share, as several GIL-releasing calls (copies, replay, sync)
+                time.sleep(self.step_s / self.waits)
+                until = time.perf_counter() + self.hold_s / self.waits
+                while time.perf_counter() < until:  # the engine's host work in Python between them, GIL held
+                    pass
             for request in batch:
                 request.output.append(7)  # a digit token
                 if len(request.output) >= request.max_new_tokens:
@@ -74,11 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     """Serve the app over the stand-in engine, bench it, print ITL against the step time."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--step-ms", type=float, default=2.0)
+    parser.add_argument("--hold-ms", type=float, default=0.0, help="per step, Python work holding the GIL")
+    parser.add_argument("--waits", type=int, default=1, help="GIL-releasing waits the step is split into")
+    parser.add_argument("--switch-ms", type=float, help="sys.setswitchinterval for this process (default 5 ms)")
     parser.add_argument("-c", "--concurrency", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    engine = SteppedEngine(args.step_ms / 1e3)
+    if args.switch_ms is not None:
+        sys.setswitchinterval(args.switch_ms / 1e3)
+    engine = SteppedEngine(args.step_ms / 1e3, args.hold_ms / 1e3, args.waits)
     state = ServerState(engine)  # type: ignore[arg-type]
     state.ready = True
     with socket.socket() as probe:
@@ -98,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     level = json.loads(out.stdout)["levels"][0]
     row = {
         "step_ms": args.step_ms,
+        "hold_ms": args.hold_ms,
+        "waits": args.waits,
+        "switch_ms": args.switch_ms,
         "concurrency": args.concurrency,
         "tokens": args.tokens,
         "itl_median_ms": round(level["itl"]["median"], 3),
@@ -106,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": engine.stats.decode_steps,
         "output_tok_s": round(level["output_throughput"], 1),
     }
-    row["added_per_step_ms"] = round(row["tpot_median_ms"] - args.step_ms, 3)
+    row["added_per_step_ms"] = round(row["tpot_median_ms"] - args.step_ms - args.hold_ms, 3)
     print(json.dumps(row))
     if args.json:
         args.json.write_text(json.dumps(row, indent=2))

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from campaign.refserver.kvpool import GB, KVPool, memory_info
@@ -41,11 +42,19 @@ def batch_buckets(max_bs: int) -> list[int]:
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    out_slots: torch.Tensor
-    indices: torch.Tensor
+    #: The step's inputs packed in one row per request: token, position, out slot, then the indices (int64). The
+    #: graph unpacks them itself, so a step is one host-to-device copy from ``host`` (pinned) and one replay.
+    packed: torch.Tensor
+    host: torch.Tensor
     logits: torch.Tensor
+    #: The greedy choice per row, computed inside the graph.
+    greedy: torch.Tensor
+    #: Rows of ``host`` that hold a request's inputs since the last step (the rest hold padding).
+    filled: int = 0
+
+
+#: Columns of a packed input row before the indices: token, position, out slot.
+PACKED_HEAD = 3
 
 
 class DecodeRunner:
@@ -141,6 +150,9 @@ class DecodeRunner:
                 # Largest first, as SGLang does, so the smaller graphs reuse the memory pool of the largest.
                 for bs in reversed(self.buckets):
                     inputs = self._dummy(bs)
+                    packed = self._pack(*inputs)
+                    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+                    host.copy_(packed)
                     stream.wait_stream(torch.cuda.current_stream(self.device))
                     with torch.cuda.stream(stream):
                         for _ in range(2):  # warm-up: lazy init, Triton JIT and compile happen outside capture
@@ -148,8 +160,11 @@ class DecodeRunner:
                     torch.cuda.current_stream(self.device).wait_stream(stream)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=mempool, stream=stream):
+                        for target, column in zip(inputs, self._unpack(packed), strict=True):
+                            target.copy_(column)
                         logits = self._step(*inputs)
-                    self._graphs[bs] = _Graph(graph, *inputs, logits)
+                        greedy = logits.argmax(dim=-1)
+                    self._graphs[bs] = _Graph(graph, packed, host, logits, greedy)
             torch.cuda.synchronize(self.device)
         except Exception as exc:
             raise CaptureError(
@@ -185,12 +200,47 @@ class DecodeRunner:
         graph = self._graphs.get(padded)
         if graph is None:
             return self._step(tokens, positions, slots, idx)[:bs]
-        graph.tokens.copy_(tokens)
-        graph.positions.copy_(positions)
-        graph.out_slots.copy_(slots)
-        graph.indices.copy_(idx)
+        graph.packed.copy_(self._pack(tokens, positions, slots, idx))
         graph.graph.replay()
         return graph.logits[:bs]
+
+    @staticmethod
+    def _pack(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The four inputs as one int64 tensor, a row per request (see ``_Graph.packed``)."""
+        return torch.cat([tokens[:, None], positions[:, None], slots[:, None], idx.long()], dim=1)
+
+    @staticmethod
+    def _unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return packed[:, 0], packed[:, 1], packed[:, 2], packed[:, PACKED_HEAD:]
+
+    def pad_row(self) -> np.ndarray:
+        """The packed input row of a padding request: it reads no slot and writes the pool's scratch row."""
+        row = np.full(PACKED_HEAD + self.context_len, self._index_pad, dtype=np.int64)
+        row[:PACKED_HEAD] = (0, 0, self.pool.scratch_slot)
+        return row
+
+    @torch.inference_mode()
+    def decode_packed(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits ``[B, V]`` and, where a graph ran, the greedy tokens ``[B]``, from packed input rows.
+
+        ``rows`` is ``[B, 3 + context_len]`` int64 (``_Graph.packed``'s layout). With a graph for the batch this is
+        one copy into pinned memory, one host-to-device copy and one replay: each torch call releases and retakes
+        the GIL, which the HTTP thread of the same process holds in turns, so fewer calls make a shorter step.
+        """
+        bs = rows.shape[0]
+        graph = self._graphs.get(self._bucket(bs)) if self.uses_graph(bs) else None
+        if graph is None:
+            t = torch.from_numpy(rows).to(self.device)
+            tokens, positions, slots, idx = (c.contiguous() for c in self._unpack(t))
+            return self.decode(tokens, positions, slots, idx.to(torch.int32)), None
+        host = graph.host.numpy()
+        host[:bs] = rows
+        if graph.filled > bs:
+            host[bs : graph.filled] = self.pad_row()
+        graph.filled = bs
+        graph.packed.copy_(graph.host, non_blocking=True)
+        graph.graph.replay()
+        return graph.logits[:bs], graph.greedy[:bs]
 
     @torch.inference_mode()
     def decode(

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from campaign.refserver.decode_runner import DecodeRunner
+from campaign.refserver.decode_runner import PACKED_HEAD, DecodeRunner
 from campaign.refserver.fault import check_fault
 from campaign.refserver.kvpool import GB, KVPool, memory_info, pool_tokens
 from campaign.refserver.log import logger
@@ -348,34 +348,25 @@ class Engine:
         batch = self._running
         paged = self.index is not None
         k = self.runner.context_len
-        tokens = np.empty(len(batch), dtype=np.int64)
-        positions = np.empty(len(batch), dtype=np.int64)
-        out_slots = np.empty(len(batch), dtype=np.int64)
-        # Every cached slot of the request, or (paged) its page table: the indexer picks the slots from it.
-        indices = np.full((len(batch), k), 0 if paged else -1, dtype=np.int32)
+        # One row per request (DecodeRunner's packed layout): token, position, out slot, then every cached slot of
+        # the request, or (paged) its page table: the indexer picks the slots from it.
+        rows = np.full((len(batch), PACKED_HEAD + k), 0 if paged else -1, dtype=np.int64)
         for i, request in enumerate(batch):
             assert request.slots is not None
             pos = request.length - 1  # the last generated token is not cached yet
-            tokens[i] = request.output[-1]
-            positions[i] = pos
-            out_slots[i] = request.slots[pos]
+            rows[i, :PACKED_HEAD] = (request.output[-1], pos, request.slots[pos])
             if paged:
                 pages = self.pool.page_table(request.slots)
-                indices[i, : len(pages)] = pages
+                rows[i, PACKED_HEAD : PACKED_HEAD + len(pages)] = pages
             else:
-                indices[i, : pos + 1] = request.slots[: pos + 1]
+                rows[i, PACKED_HEAD : PACKED_HEAD + pos + 1] = request.slots[: pos + 1]
         if self.index is not None:
-            per_layer = int(positions.sum()) + len(batch) if self.index.mode == "aware" else len(batch) * k * INDEX_PAGE
+            positions_sum = int(rows[:, 1].sum())
+            per_layer = positions_sum + len(batch) if self.index.mode == "aware" else len(batch) * k * INDEX_PAGE
             self.stats.index_logits += per_layer * self.cfg.n_layers
-        dev = self.device
         began = time.perf_counter()
-        logits = self.runner.decode(
-            torch.from_numpy(tokens).to(dev),
-            torch.from_numpy(positions).to(dev),
-            torch.from_numpy(out_slots).to(dev),
-            torch.from_numpy(indices).to(dev),
-        )
-        self._emit(batch, logits)  # .tolist() in here waits for the device, so the clock below is honest
+        logits, greedy = self.runner.decode_packed(rows)
+        self._emit(batch, logits, greedy)  # .tolist() in here waits for the device, so the clock below is honest
         self.stats.decode_seconds += time.perf_counter() - began
         self.stats.decode_steps += 1
         self.stats.decode_tokens += len(batch)
@@ -392,9 +383,12 @@ class Engine:
             )
             self._log_tokens, self._log_time = 0, now
 
-    def _emit(self, batch: list[Request], logits: torch.Tensor) -> None:
-        """Choose each request's next token (greedy, or sampled at its temperature) and hand it out."""
-        chosen = logits.argmax(dim=-1)
+    def _emit(self, batch: list[Request], logits: torch.Tensor, greedy: torch.Tensor | None = None) -> None:
+        """Choose each request's next token (greedy, or sampled at its temperature) and hand it out.
+
+        ``greedy``: the argmax of ``logits`` when the caller has it already (a CUDA graph computes it).
+        """
+        chosen = logits.argmax(dim=-1) if greedy is None else greedy
         temps = [r.temperature for r in batch]
         if any(t > 0 for t in temps):
             t = torch.tensor([max(x, 1e-6) for x in temps], device=logits.device)[:, None]

@@ -2,8 +2,10 @@
 
 As in SGLang, CUDA graphs are captured after warm-up for batch buckets 1, 2, 4, 8, ... up to ``--cuda-graph-max-bs``;
 a batch is padded up to its bucket (padded rows read no slot and write the pool's scratch row) and a batch larger
-than the biggest bucket runs without a graph. ``--enable-torch-compile`` wraps the decode step in ``torch.compile``
-(captured into the graphs when they are on). Capture is attempted whenever graphs are on, whatever the device, so a
+than the biggest bucket runs without a graph. The engine hands a step's inputs over packed in one array
+(``decode_packed``): with a graph that is one host-to-device copy and one replay, which also makes the greedy
+choice. ``--enable-torch-compile`` wraps the decode step in ``torch.compile`` (captured into the graphs when they
+are on). Capture is attempted whenever graphs are on, whatever the device, so a
 CPU-only host fails at capture for the real reason, as SGLang does; with ``--cuda-graph-fallback`` it decodes eagerly
 instead and logs that it does, the silent-looking fallback real engines make (campaign's effective-config check reads
 the engine's line that states what runs).

@@ -21,6 +21,7 @@ PAGE = 64  # tokens per page of the index-K cache
 # Scoring programs per row come from this many programs per multiprocessor, never from M.
 SCORE_PROGRAMS_PER_SM = 4
 TOPK_BLOCK = 1024
+TOPK_WARPS = 8
 
 
 def check_indexer_inputs(
@@ -270,12 +271,19 @@ def _topk_kernel(
 
 
 def indexer_topk(
-    logits: torch.Tensor, lengths: torch.Tensor, topk: int, page_table: torch.Tensor | None = None
+    logits: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+    page_table: torch.Tensor | None = None,
+    *,
+    block: int = TOPK_BLOCK,
+    num_warps: int = TOPK_WARPS,
 ) -> torch.Tensor:
     """Return [B, topk] int32: the positions (or, with ``page_table``, the KV slots) of each row's top-k logits.
 
     Only logits[b, :lengths[b]] are read; the order within a row is unspecified; rows shorter than topk keep all
-    their tokens and pad with -1 (so the result feeds ``sparse_mla_decode`` directly).
+    their tokens and pad with -1 (so the result feeds ``sparse_mla_decode`` directly). ``block`` (elements a
+    program reads at once, a power of two) and ``num_warps`` are the kernel's tuning (``scripts/bench_topk.py``).
     """
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be [B, M] float32, got {tuple(logits.shape)} {logits.dtype}")
@@ -300,10 +308,10 @@ def indexer_topk(
         table.stride(0) if page_table is not None else 0,
         out.stride(0),
         TOPK=topk,
-        BLOCK=TOPK_BLOCK,
+        BLOCK=block,
         MAP=page_table is not None,
         PAGE_SIZE=PAGE,
-        num_warps=8,
+        num_warps=num_warps,
     )
     return out
 

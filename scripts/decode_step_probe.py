@@ -58,6 +58,7 @@ def probe(backend: str, indexer: str, args: argparse.Namespace) -> dict[str, obj
             indexer=indexer,
             dtype="bfloat16" if args.device == "cuda" else "auto",
             max_running_requests=args.batch,
+            enable_torch_compile=args.compile,
         )
     )
     requests = [Request(p, args.steps + 8, ignore_eos=True) for p in prompts(args.batch, args.prompt_len)]
@@ -97,6 +98,7 @@ def probe(backend: str, indexer: str, args: argparse.Namespace) -> dict[str, obj
         engine.runner.decode(tokens, positions, out_slots, idx)
         sync()
         runner_ms.append((time.perf_counter() - t0) * 1e3)
+    kernels = profile_kernels(engine, tokens, positions, out_slots, idx, args.steps) if args.profile and cuda else None
     del engine
     gc.collect()
     if cuda:
@@ -111,6 +113,31 @@ def probe(backend: str, indexer: str, args: argparse.Namespace) -> dict[str, obj
         "gpu_ms": round(statistics.median(gpu_ms), 4) if gpu_ms else None,
         "runner_ms": round(statistics.median(runner_ms), 4),
         "engine_ms": round(statistics.median(engine_ms), 4),
+        "compile": args.compile,
+        "kernels": kernels,
+    }
+
+
+def profile_kernels(
+    engine: Engine, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, idx: torch.Tensor, steps: int
+) -> dict[str, object]:
+    """Per decode step: how many kernels run and the GPU time of each kind (torch.profiler over ``steps`` calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.runner.decode(tokens, positions, slots, idx)
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        if event.device_type.name != "CUDA" or event.device_time_total <= 0:
+            continue
+        rows.append((event.key, event.count / steps, event.device_time_total / steps))
+    rows.sort(key=lambda r: -r[2])
+    return {
+        "kernels_per_step": round(sum(r[1] for r in rows), 1),
+        "gpu_us_per_step": round(sum(r[2] for r in rows), 1),
+        "top": [{"name": n[:120], "per_step": round(c, 2), "us_per_step": round(t, 1)} for n, c, t in rows[:25]],
     }
 
 
@@ -125,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu to rehearse (no graphs, no GPU time)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--compile", action="store_true", help="build the engine with --enable-torch-compile")
+    parser.add_argument("--profile", action="store_true", help="also list the step's kernels (torch.profiler)")
     args = parser.parse_args(argv)
     forms = args.form or ["mma:aware", "mma:naive", "simt:aware"]
     rows = []
@@ -138,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['engine_ms']:>10} {row['prefill_s']:>10}",
             flush=True,
         )
+        kernels = row.get("kernels")
+        if isinstance(kernels, dict):
+            print(f"  {kernels['kernels_per_step']} kernels, {kernels['gpu_us_per_step']} us of kernel time a step")
+            for k in kernels["top"][:15]:  # type: ignore[index]
+                print(f"  {k['us_per_step']:>8} us {k['per_step']:>6}x  {k['name']}")
     if args.json:
         gpu = torch.cuda.get_device_name() if args.device == "cuda" else None
         meta = {"torch": torch.__version__, "gpu": gpu, "argv": sys.argv}

@@ -369,12 +369,47 @@ def select_slots(
     index: IndexPool, layer: int, q: torch.Tensor, w: torch.Tensor, page_table: torch.Tensor, lengths: torch.Tensor
 ) -> torch.Tensor:
     """``[B, topk]`` int32: the KV slots this layer's indexer keeps for each row (-1 pads), by ``index.mode``."""
+    keys = index.keys[layer]
+    slots: torch.Tensor = index_topk_op(
+        index.mode, q.to(keys.dtype), w.float(), keys, index.k_scale, page_table, lengths, index.topk
+    )
+    return slots
+
+
+# The indexer as one opaque op under torch.compile. Traced through, its Triton launches and the buffers they write
+# made Inductor fail its scheduling of the decode step (``InductorError: KeyError: 'op30'``, torch 2.11 on the
+# H200), so compiled variants of a long-context model could not start.
+@torch.library.custom_op("refserver::index_topk", mutates_args=())
+def index_topk_op(
+    mode: str,
+    q: torch.Tensor,
+    w: torch.Tensor,
+    keys: torch.Tensor,
+    k_scale: torch.Tensor,
+    page_table: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+) -> torch.Tensor:
+    """mla_kernels' indexer in its ``mode`` form (``aware`` or ``naive``): ``[B, topk]`` int32 KV slots."""
     from mla_kernels import lightning_indexer, naive_indexer_topk
 
-    find = lightning_indexer if index.mode == "aware" else naive_indexer_topk
-    keys = index.keys[layer]
-    slots: torch.Tensor = find(q.to(keys.dtype), w.float(), keys, index.k_scale, page_table, lengths, index.topk)
+    find = lightning_indexer if mode == "aware" else naive_indexer_topk
+    slots: torch.Tensor = find(q, w, keys, k_scale, page_table, lengths, topk)
     return slots
+
+
+@index_topk_op.register_fake
+def _index_topk_fake(
+    mode: str,
+    q: torch.Tensor,
+    w: torch.Tensor,
+    keys: torch.Tensor,
+    k_scale: torch.Tensor,
+    page_table: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+) -> torch.Tensor:
+    return q.new_empty((q.shape[0], topk), dtype=torch.int32)
 
 
 def save_model(model: ArithModel, path: Path, meta: dict[str, Any]) -> None:

@@ -1,11 +1,12 @@
 """What the reference server's HTTP side adds per token: its app in front of an engine whose step takes a known time.
 
 The app (``campaign.refserver.app.build_app``, served by uvicorn in this process, as ``python -m campaign.refserver``
-serves it) runs over a stand-in engine: a scheduler thread that, like the real one, hands every running request one
-token per step, and sleeps ``--step-ms`` per step in place of the GPU (a sleep releases the GIL, as waiting for the
-GPU does). ``campaign bench`` (its own process) then streams ``-c`` requests of ``--tokens`` tokens. The served ITL
-minus the step time (``--step-ms`` asleep plus ``--hold-ms`` of Python holding the GIL, as the real engine's host
-work does) is what the HTTP path and its hand-off from the scheduler thread cost per step.
+serves it) runs over a stand-in engine: a thread in the same process (as the engine ran before it got a process of
+its own, ``campaign.refserver.engine_process``: this measures that one-process hand-off) that hands every running
+request one token per step, and sleeps ``--step-ms`` per step in place of the GPU (a sleep releases the GIL, as
+waiting for the GPU does). ``campaign bench`` (its own process) then streams ``-c`` requests of ``--tokens``
+tokens. The served ITL minus the step time (``--step-ms`` asleep plus ``--hold-ms`` of Python holding the GIL, as
+the real engine's host work does) is what the HTTP path and its hand-off from the scheduler thread cost per step.
 
 Usage: ``python scripts/bench_stream_path.py [--step-ms 2] [-c 32] [--tokens 256] [--json OUT]``
 """
@@ -20,12 +21,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import uvicorn
 
 from campaign.refserver.app import ServerState, build_app
-from campaign.refserver.engine import Request, Stats
+from campaign.refserver.profiler import Profiler
+from campaign.refserver.request import Request, Stats
 
 
 class SteppedEngine:
@@ -37,9 +38,10 @@ class SteppedEngine:
         self.waits = waits
         self.model_id = "stand-in"
         self.context_len = 1 << 20
-        self.args = SimpleNamespace(device="cpu")
+        self.model_path = "stand-in"
+        self.profiler = Profiler("cpu")
         self.stats = Stats()
-        self.pool = SimpleNamespace(used_slots=0, n_tokens=1)
+        self.token_usage = 0.0
         self.fatal: BaseException | None = None
         self._running: list[Request] = []
         self._cond = threading.Condition()

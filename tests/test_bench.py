@@ -209,3 +209,23 @@ def test_a_level_with_fewer_requests_than_its_concurrency_is_refused() -> None:
     assert BenchSettings.model_validate({"concurrency": [4, 64], "requests": 64}, context=plan).concurrency == [4, 64]
     # A stored result is read back whatever its plan was: no data is lost to a newer rule.
     assert BenchSettings.model_validate(sla).requests == 32
+
+
+def _events(*texts: str) -> bytes:
+    """SSE bytes of completion chunks, one token each, as a server writes what it has queued at once."""
+    return b"".join(f'data: {{"choices": [{{"text": "{t}"}}]}}\n\n'.encode() for t in texts)
+
+
+def test_tokens_that_arrive_together_share_the_gap_since_the_last_arrival() -> None:
+    from campaign.bench.sse import ChatStream, RequestRecord
+
+    rec = RequestRecord()
+    stream = ChatStream(rec, sent=0.0)
+    assert not stream.feed(_events("1", "2"), now=0.5)  # the first token, and one more in the same write
+    assert not stream.feed(_events("3"), now=0.6)
+    assert not stream.feed(_events("4", "5", "6", "7"), now=1.0)  # behind the engine: four at once
+    assert stream.feed(b"data: [DONE]\n\n", now=1.0)
+    assert rec.ttft == 0.5 and rec.e2e == 1.0 and rec.output_tokens == 7
+    # Not [0.1, 0.4, 0, 0, 0]: the 0.4 s since the last arrival is spread over the four tokens that came in it; the
+    # token that came with the first one dates no gap.
+    assert rec.itls == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.1])

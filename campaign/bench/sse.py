@@ -39,9 +39,13 @@ class ChatStream:
     Lines end with ``\\n`` (optionally ``\\r\\n``); an event ends at a blank line; only ``data:`` fields matter. A
     content delta is a token (the first one dates TTFT, later ones the ITL gaps); ``usage`` overrides the token
     counts; ``[DONE]`` dates the end; an ``error`` event or a non-JSON event ends the stream as failed.
+
+    Tokens that arrive together (one piece of the body: a server behind its engine writes what it has queued at
+    once) share the gap since the previous arrival evenly, as SGLang's bench_serving counts a chunk of several
+    tokens, instead of one real gap and zeros; those that arrive with the first token date no gap at all.
     """
 
-    __slots__ = ("_buf", "_data", "_last", "finish", "record", "sent")
+    __slots__ = ("_buf", "_data", "_last", "_new", "finish", "record", "sent")
 
     def __init__(self, record: RequestRecord, sent: float) -> None:
         self.record = record
@@ -51,6 +55,8 @@ class ChatStream:
         self._buf = b""
         self._data: list[bytes] = []
         self._last = sent
+        #: Tokens of the piece being read that follow an earlier arrival (their gaps are set when it is read).
+        self._new = 0
 
     def feed(self, chunk: bytes, now: float) -> bool:
         """Take one piece of the body, received at ``now``; True when the stream is over (``[DONE]`` or an error).
@@ -75,6 +81,7 @@ class ChatStream:
             event = data[0] if len(data) == 1 else b"\n".join(data)
             data.clear()
             if event == b"[DONE]":
+                self._spread(now)
                 rec.e2e = now - self.sent
                 return True
             try:
@@ -97,9 +104,9 @@ class ChatStream:
                 if delta.get("content") or ch.get("text"):
                     if rec.ttft is None:
                         rec.ttft = now - self.sent
-                    else:
-                        rec.itls.append(now - self._last)
-                    self._last = now
+                        self._last = now
+                    elif self._last != now:
+                        self._new += 1
                     rec.output_tokens += 1
                 if ch.get("finish_reason"):
                     self.finish = ch["finish_reason"]
@@ -108,7 +115,16 @@ class ChatStream:
                 rec.output_tokens = int(usage.get("completion_tokens") or rec.output_tokens)
                 rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
         self._buf = buf[start:]
+        self._spread(now)
         return False
+
+    def _spread(self, now: float) -> None:
+        """Give this piece's tokens their share of the gap since the previous arrival."""
+        if self._new:
+            gap = (now - self._last) / self._new
+            self.record.itls.extend([gap] * self._new)
+            self._new = 0
+            self._last = now
 
 
 def error_type(err: Any) -> str:

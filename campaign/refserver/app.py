@@ -25,9 +25,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from campaign.refserver.engine import Engine, TokenLogprob
-from campaign.refserver.engine import Request as GenRequest
+from campaign.refserver.engine_process import EngineProcess
 from campaign.refserver.profiler import add_profile_routes
+from campaign.refserver.request import Request as GenRequest
+from campaign.refserver.request import TokenLogprob
 from campaign.refserver.tokenizer import EOS, decode_ids, encode_prompt, token_text
 
 Req = TypeVar("Req", bound=BaseModel)
@@ -158,7 +159,7 @@ class Relay:
 class ServerState:
     """What the routes share: the engine, the model id, and whether warm-up finished."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineProcess) -> None:
         self.engine = engine
         self.model_id = engine.model_id
         self.ready = False
@@ -213,7 +214,7 @@ def build_app(state: ServerState) -> FastAPI:
     """The FastAPI app over ``state``."""
     app = FastAPI(title="campaign reference server", docs_url=None, redoc_url=None, openapi_url=None)
     engine = state.engine
-    add_profile_routes(app, engine.args.device)
+    add_profile_routes(app, engine.profiler)
     context_len = engine.context_len
     relays: dict[asyncio.AbstractEventLoop, Relay] = {}
 
@@ -451,7 +452,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/get_model_info")
     async def model_info() -> dict[str, Any]:
-        return {"model_path": str(engine.args.model_path), "is_generation": True, "model_id": state.model_id}
+        return {"model_path": engine.model_path, "is_generation": True, "model_id": state.model_id}
 
     async def health() -> Response:
         if not state.ready or engine.fatal is not None:
@@ -490,7 +491,7 @@ def build_app(state: ServerState) -> FastAPI:
             f"refserver:num_queue_reqs {s.queued}",
             "# HELP refserver:token_usage Fraction of KV pool slots reserved.",
             "# TYPE refserver:token_usage gauge",
-            f"refserver:token_usage {engine.pool.used_slots / engine.pool.n_tokens:.6f}",
+            f"refserver:token_usage {engine.token_usage:.6f}",
             "# HELP refserver:indexer_logits_total Indexer logits decode computed (aware: the rows' lengths; naive: "
             "the context length, every row).",
             "# TYPE refserver:indexer_logits_total counter",

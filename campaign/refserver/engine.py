@@ -1,9 +1,10 @@
 """The engine: loads the model, sizes the KV pool, and runs continuous batching over it.
 
 Lifecycle: ``Engine(args)`` loads the weights, allocates the pool, compiles and captures (logging SGLang's phase
-lines); ``start()`` runs the scheduler in a thread; ``submit()`` hands it a request from any thread; ``stop()``
-ends the thread. ``generate()`` runs requests to completion on the caller's thread through the same scheduler
-step, for the accuracy test and the GPU check when no thread runs.
+lines); ``submit()`` queues a request and ``step()`` runs one scheduler iteration, on the caller's thread. The
+server runs that loop in a process of its own (``engine_process``), apart from the HTTP one, as SGLang runs its
+scheduler; ``generate()`` runs requests to completion through the same steps, for the accuracy test and the GPU
+check.
 
 Each scheduler step admits waiting requests while slots and ``--max-running-requests`` allow (a request reserves
 prompt + max_new_tokens slots up front; the rest wait in the queue), prefills the newly admitted ones in batches
@@ -17,13 +18,11 @@ keeps its ``--index-topk`` best-scored tokens of the request, found by mla_kerne
 
 from __future__ import annotations
 
-import itertools
-import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,7 @@ from campaign.refserver.fault import check_fault
 from campaign.refserver.kvpool import GB, KVPool, memory_info, pool_tokens
 from campaign.refserver.log import logger
 from campaign.refserver.model import INDEXER_MODES, IndexPool, load_model
+from campaign.refserver.request import Request, Stats, TokenLogprob
 from campaign.refserver.tokenizer import EOS, PAD
 
 WEIGHTS = Path(__file__).parent / "weights" / "arith.safetensors"
@@ -76,61 +76,6 @@ class EngineArgs:
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """The log-probability of one generated token under the distribution it was chosen from, and the top ones."""
-
-    logprob: float
-    top: list[tuple[int, float]]
-
-
-#: Called on the scheduler thread with (token id or None, finish reason or None); None/reason ends the stream.
-TokenSink = Callable[[int | None, str | None], None]
-
-
-@dataclass
-class Request:
-    """One generation request and its state in the scheduler."""
-
-    prompt: list[int]
-    max_new_tokens: int
-    temperature: float = 0.0
-    ignore_eos: bool = False
-    #: Log-probabilities to record per generated token: None for none, k for the chosen token and the top k.
-    logprobs: int | None = None
-    sink: TokenSink | None = None
-    rid: int = field(default_factory=itertools.count().__next__)
-    output: list[int] = field(default_factory=list)
-    #: With ``logprobs`` set: per generated token, its log-probability and the top ``logprobs`` (id, logprob).
-    token_logprobs: list[TokenLogprob] = field(default_factory=list)
-    slots: np.ndarray | None = None
-    finish_reason: str | None = None
-    aborted: bool = False
-
-    @property
-    def length(self) -> int:
-        """Tokens in the request so far: prompt plus generated."""
-        return len(self.prompt) + len(self.output)
-
-
-@dataclass
-class Stats:
-    """Counters the /metrics endpoint serves."""
-
-    requests_finished: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    running: int = 0
-    queued: int = 0
-    #: Decode steps, tokens they produced, and their wall time (host work included, as a client sees it).
-    decode_steps: int = 0
-    decode_tokens: int = 0
-    decode_seconds: float = 0.0
-    #: Long-context models: indexer logits the decode steps' indexer form computed (all layers). The aware form
-    #: scores each row's own length; the naive one every position up to the context length, for every row.
-    index_logits: int = 0
 
 
 class Engine:
@@ -215,11 +160,7 @@ class Engine:
         self.stats = Stats()
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
-        self._lock = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._stopping = False
         self.fatal: BaseException | None = None
-        self.on_fatal: Callable[[BaseException], None] | None = None
         self._decode_steps = 0
         self._log_tokens = 0
         self._log_time = time.monotonic()
@@ -228,69 +169,46 @@ class Engine:
     # ---- requests -------------------------------------------------------------------------------------------
 
     def submit(self, request: Request) -> None:
-        """Queue ``request``; its sink receives tokens on the scheduler thread. Raises when the engine died."""
+        """Queue ``request``; its sink receives its tokens as ``step`` makes them. Raises when the engine died."""
         if self.fatal is not None:
             raise RuntimeError(f"the engine stopped after an error: {self.fatal}")
-        with self._lock:
-            self._waiting.append(request)
-            self.stats.queued = len(self._waiting)
-            self._lock.notify()
+        self._waiting.append(request)
+        self.stats.queued = len(self._waiting)
 
     def abort(self, request: Request) -> None:
         """Stop generating for ``request`` (its client went away); its slots return at the next step."""
-        with self._lock:
-            request.aborted = True
-            self._lock.notify()
+        request.aborted = True
+
+    @property
+    def idle(self) -> bool:
+        """Whether no request waits or runs (a scheduler loop may then block until one comes)."""
+        return not (self._waiting or self._running)
+
+    @property
+    def token_usage(self) -> float:
+        """The share of KV pool slots reserved by requests."""
+        return self.pool.used_slots / self.pool.n_tokens
 
     def generate(
         self, prompts: Sequence[list[int]], max_new_tokens: int, *, ignore_eos: bool = False
     ) -> list[list[int]]:
-        """Greedy outputs of ``prompts``, run on this thread through the scheduler's own steps.
-
-        Only while no scheduler thread runs (``start`` not called, or after ``stop``).
-        """
-        if self._thread is not None:
-            raise RuntimeError("generate() runs the scheduler itself; it cannot share it with a running thread")
+        """Greedy outputs of ``prompts``, run to completion on this thread through the scheduler's own steps."""
         requests = [Request(list(p), max_new_tokens, ignore_eos=ignore_eos) for p in prompts]
         for request in requests:
             self._waiting.append(request)
-        while self._waiting or self._running:
+        while not self.idle:
             self.step()
         return [r.output for r in requests]
 
     # ---- the scheduler --------------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Run the scheduler on its own thread."""
-        self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop the scheduler thread (running requests are abandoned)."""
-        with self._lock:
-            self._stopping = True
-            self._lock.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
-
-    def _loop(self) -> None:
-        try:
-            while True:
-                with self._lock:
-                    while not (self._waiting or self._running or self._stopping):
-                        self._lock.wait()
-                    if self._stopping:
-                        return
-                self.step()
-        except BaseException as exc:  # the scheduler is the engine: any error ends it, loudly
-            self.fatal = exc
-            logger.error(f"Scheduler hit an exception: {traceback.format_exc()}")
-            for request in [*self._running, *self._waiting]:
-                if request.sink is not None:
-                    request.sink(None, "error")
-            if self.on_fatal is not None:
-                self.on_fatal(exc)
+    def fail(self, exc: BaseException) -> None:
+        """Record that a step raised ``exc``: the engine is dead; log why and end every request with ``error``."""
+        self.fatal = exc
+        logger.error(f"Scheduler hit an exception: {''.join(traceback.format_exception(exc))}")
+        for request in [*self._running, *self._waiting]:
+            if request.sink is not None:
+                request.sink(None, "error")
 
     def step(self) -> None:
         """One scheduler iteration: admit, prefill the admitted, decode everything running."""
@@ -304,18 +222,17 @@ class Engine:
 
     def _admit(self) -> list[Request]:
         admitted: list[Request] = []
-        with self._lock:
-            while self._waiting and len(self._running) + len(admitted) < self.args.max_running_requests:
-                request = self._waiting[0]
-                if request.aborted:
-                    self._waiting.popleft()
-                    continue
-                slots = self.pool.reserve(len(request.prompt) + request.max_new_tokens)
-                if slots is None:
-                    break  # the pool is full: it waits for running requests to end
-                request.slots = slots
-                admitted.append(self._waiting.popleft())
-            self.stats.queued = len(self._waiting)
+        while self._waiting and len(self._running) + len(admitted) < self.args.max_running_requests:
+            request = self._waiting[0]
+            if request.aborted:
+                self._waiting.popleft()
+                continue
+            slots = self.pool.reserve(len(request.prompt) + request.max_new_tokens)
+            if slots is None:
+                break  # the pool is full: it waits for running requests to end
+            request.slots = slots
+            admitted.append(self._waiting.popleft())
+        self.stats.queued = len(self._waiting)
         self._running.extend(admitted)
         return admitted
 

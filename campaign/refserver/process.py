@@ -1,6 +1,7 @@
-"""The server process: parse flags, build the engine, serve HTTP, warm up, then announce readiness.
+"""The server process: parse flags, start the engine process, serve HTTP, warm up, then announce readiness.
 
-Order as in SGLang: weights, KV pool, compile and CUDA-graph capture all happen before uvicorn binds the port;
+Order as in SGLang: weights, KV pool, compile and CUDA-graph capture all happen (in the engine process,
+``engine_process``) before uvicorn binds the port;
 then uvicorn starts (``Uvicorn running on ...``); then one real chat completion is sent to the server itself, and
 only when it succeeds is ``The server is fired up and ready to roll!`` logged and /health turned to 200. A failure
 anywhere is logged with its real cause and the process exits non-zero.
@@ -125,55 +126,34 @@ def _warmup(server: uvicorn.Server, state: ServerState, host: str, port: int, fa
 def main(argv: list[str] | None = None) -> int:
     """Run the server until it is stopped; returns the process exit code."""
     args = parser().parse_args(argv)
-    import torch
-
     from campaign.refserver.app import ServerState, build_app
-    from campaign.refserver.decode_runner import CaptureError
-    from campaign.refserver.engine import WEIGHTS, Engine, EngineArgs
+    from campaign.refserver.engine_process import EngineProcess, EngineStartError
 
-    if args.model_path is None:
-        args.model_path = WEIGHTS
-    elif (
-        not args.model_path.exists()
-        and args.model_path.parent == Path()
-        and (WEIGHTS.parent / args.model_path).is_file()
-    ):
-        # A bare name (as a campaign config gives it, whatever directory the server starts in): the packaged file.
-        args.model_path = WEIGHTS.parent / args.model_path
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     configure_logging()
     logger.info(f"server_args={vars(args)}")
-    if not args.model_path.is_file():
-        logger.error(f"--model-path {args.model_path}: no such file")
-        return 2
-    engine_args = EngineArgs(
-        model_path=args.model_path,
-        device=args.device,
-        attention_backend=args.attention_backend,
-        enable_torch_compile=args.enable_torch_compile,
-        disable_cuda_graph=args.disable_cuda_graph,
-        cuda_graph_max_bs=args.cuda_graph_max_bs,
-        cuda_graph_fallback=args.cuda_graph_fallback,
-        mem_fraction_static=args.mem_fraction_static,
-        max_total_tokens=args.max_total_tokens,
-        max_running_requests=args.max_running_requests,
-        decode_log_interval=args.decode_log_interval,
-        inject_fault=args.inject_fault,
-        context_length=args.context_length,
-        indexer=args.indexer,
-        index_topk=args.index_topk,
-        dtype=args.dtype,
-    )
+    # The engine (weights, pool, compile, capture) is built in its own process; this one serves HTTP.
+    engine_args = {
+        "model_path": args.model_path,
+        "device": args.device,
+        "attention_backend": args.attention_backend,
+        "enable_torch_compile": args.enable_torch_compile,
+        "disable_cuda_graph": args.disable_cuda_graph,
+        "cuda_graph_max_bs": args.cuda_graph_max_bs,
+        "cuda_graph_fallback": args.cuda_graph_fallback,
+        "mem_fraction_static": args.mem_fraction_static,
+        "max_total_tokens": args.max_total_tokens,
+        "max_running_requests": args.max_running_requests,
+        "decode_log_interval": args.decode_log_interval,
+        "inject_fault": args.inject_fault,
+        "context_length": args.context_length,
+        "indexer": args.indexer,
+        "index_topk": args.index_topk,
+        "dtype": args.dtype,
+    }
     try:
-        engine = Engine(engine_args)
-    except CaptureError as exc:
-        logger.error(f"Scheduler hit an exception: {traceback.format_exc()}")
-        logger.error(str(exc).splitlines()[0])
-        return 1
-    except Exception:
-        logger.error(f"Scheduler hit an exception: {traceback.format_exc()}")
-        return 1
+        engine = EngineProcess.start(engine_args)
+    except EngineStartError as exc:
+        return exc.code
     state = ServerState(engine)
     config = uvicorn.Config(
         build_app(state), host=args.host, port=args.port, log_config=uvicorn_log_config(), timeout_keep_alive=5
@@ -186,7 +166,6 @@ def main(argv: list[str] | None = None) -> int:
         server.should_exit = True
 
     engine.on_fatal = on_fatal
-    engine.start()
     threading.Thread(target=_warmup, args=(server, state, args.host, args.port, failed), daemon=True).start()
     try:
         server.run()

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -108,9 +108,16 @@ def _all_threads() -> dict[str, Any]:
         return {}
 
 
-def add_profile_routes(app: FastAPI, device: str) -> Profiler:
-    """Add ``/start_profile`` and ``/stop_profile`` to ``app``; returns the profiler they drive."""
-    profiler = Profiler(device)
+class ProfilerLike(Protocol):
+    """What the routes drive: a ``Profiler``, or the HTTP process's proxy for the engine process's one."""
+
+    def start(self, output_dir: str | None, activities: list[str] | None) -> dict[str, Any]: ...
+
+    def stop(self) -> dict[str, Any]: ...
+
+
+def add_profile_routes(app: FastAPI, profiler: ProfilerLike) -> None:
+    """Add ``/start_profile`` and ``/stop_profile`` to ``app``, driving ``profiler``."""
 
     def refused(exc: ProfileError) -> JSONResponse:
         return JSONResponse(
@@ -146,5 +153,3 @@ def add_profile_routes(app: FastAPI, device: str) -> Profiler:
             return JSONResponse(await asyncio.to_thread(profiler.stop))
         except ProfileError as exc:
             return refused(exc)
-
-    return profiler

@@ -84,12 +84,13 @@ for s in "${sections[@]}"; do
                tail -5 "$OUT/sla.err"; head -80 "$OUT/sla-show.txt"; head -60 "$OUT/sla-compare.txt" ;;
     # indexer: the O(context) against the O(max_context) indexer at 128k max context (configs/h200-indexer.yaml,
     # the local host), then the comparison over the launches.
-    indexer)   timeout "${INDEXER_TIMEOUT_S:-300}" python3 -m campaign.cli --runs-dir /tmp/campaign-runs run \
-                 configs/h200-indexer.yaml --json >"$OUT/indexer.json" 2>"$OUT/indexer.err"; code=$?
+    indexer)   cfg=${INDEXER_CONFIG:-configs/h200-indexer.yaml}; tag=$(basename "$cfg" .yaml)
+               timeout "${INDEXER_TIMEOUT_S:-300}" python3 -m campaign.cli --runs-dir /tmp/campaign-runs run \
+                 "$cfg" --json >"$OUT/$tag.json" 2>"$OUT/$tag.err"; code=$?
                echo "campaign run exit $code"; [ "$code" -le 1 ] || rc=1
-               python3 -m campaign.cli --runs-dir /tmp/campaign-runs show last >"$OUT/indexer-show.txt" 2>&1
-               python3 -m campaign.cli --runs-dir /tmp/campaign-runs compare last >"$OUT/indexer-compare.txt" 2>&1
-               tail -5 "$OUT/indexer.err"; head -30 "$OUT/indexer-show.txt"; sed -n '/^Metrics/,$p' "$OUT/indexer-compare.txt" ;;
+               python3 -m campaign.cli --runs-dir /tmp/campaign-runs show last >"$OUT/$tag-show.txt" 2>&1
+               python3 -m campaign.cli --runs-dir /tmp/campaign-runs compare last >"$OUT/$tag-compare.txt" 2>&1
+               tail -5 "$OUT/$tag.err"; head -30 "$OUT/$tag-show.txt"; sed -n '/^Metrics/,$p' "$OUT/$tag-compare.txt" ;;
     # ssh: the campaign over SSH, not as a local host (configs/h200-ssh.yaml): scripts/device_sshd.sh unpacks the
     # carried .deb/ under /tmp/campaign-sshd and starts an sshd on 127.0.0.1 (throwaway keys, the host key checked
     # from its known_hosts); vars.python is this shell's python3 by its full path, since the login shell's rc files

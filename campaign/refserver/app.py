@@ -312,6 +312,7 @@ def build_app(state: ServerState) -> FastAPI:
             finish: str | None = None
             seen = 0
             failed = False
+            plain: dict[int, str] = {}
             async for batch in generate(gen):
                 out: list[str] = []
                 for token, reason in batch:
@@ -322,9 +323,15 @@ def build_app(state: ServerState) -> FastAPI:
                         break
                     if token is not None:
                         seen += 1
-                        if token != EOS:
-                            lp = gen.token_logprobs[seen - 1] if gen.logprobs is not None else None
-                            out.append(event(piece(token, lp)))
+                        if token != EOS and gen.logprobs is not None:
+                            out.append(event(piece(token, gen.token_logprobs[seen - 1])))
+                        elif token != EOS:
+                            # Without log-probabilities a token's event is the same string every time: built once
+                            # per stream (a few dozen ids), since at tens of streams this is the HTTP side's hot loop.
+                            text = plain.get(token)
+                            if text is None:
+                                text = plain[token] = event(piece(token, None))
+                            out.append(text)
                     finish = reason
                 if out:
                     yield "".join(out)

@@ -332,8 +332,6 @@ class ArithModel(nn.Module):
         row's length being ``position + 1``) and each layer's indexer picks the ``index.topk`` slots attended to.
         ``fault`` names a deliberate attention fault (``campaign.refserver.fault``); None in normal use.
         """
-        from mla_kernels import sparse_mla_decode
-
         cfg = self.cfg
         b = tokens.shape[0]
         lengths = (positions + 1).to(torch.int32)
@@ -347,9 +345,7 @@ class ArithModel(nn.Module):
                 iq, iw, ik = block.indexer.project(h)
                 write_kv(index.keys, layer, out_slots, ik)
                 selected = select_slots(index, layer, iq, iw, indices, lengths)
-            out, _lse = sparse_mla_decode(
-                q.to(pool.dtype), pool[layer], selected, cfg.sm_scale, backend, d_v=cfg.d_latent
-            )
+            out, _lse = mla_decode_op(q.to(pool.dtype), pool[layer], selected, cfg.sm_scale, backend, cfg.d_latent)
             out = apply_fault(fault, out)
             x = x + block.attn.wo(out.reshape(b, cfg.n_heads * cfg.d_latent).to(x.dtype))
             x = x + block.mlp(x)
@@ -376,9 +372,28 @@ def select_slots(
     return slots
 
 
-# The indexer as one opaque op under torch.compile. Traced through, its Triton launches and the buffers they write
-# made Inductor fail its scheduling of the decode step (``InductorError: KeyError: 'op30'``, torch 2.11 on the
-# H200), so compiled variants of a long-context model could not start.
+# The indexer and the attention as opaque ops under torch.compile, as SGLang registers its attention: traced through,
+# their Triton launches and the buffers those write made Inductor fail to schedule the long-context model's decode
+# step (``InductorError: KeyError: 'op30'``, torch 2.11 on the H200), so its compiled variants could not start.
+@torch.library.custom_op("refserver::mla_decode", mutates_args=())
+def mla_decode_op(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, backend: str, d_v: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mla_kernels.sparse_mla_decode`` with ``backend``: (out ``[B, H, d_v]`` in q's dtype, lse ``[B, H]`` fp32)."""
+    from mla_kernels import sparse_mla_decode
+
+    out, lse = sparse_mla_decode(q, kv, indices, sm_scale, backend, d_v=d_v)
+    return out, lse
+
+
+@mla_decode_op.register_fake
+def _mla_decode_fake(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, backend: str, d_v: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    b, h = q.shape[0], q.shape[1]
+    return q.new_empty((b, h, d_v)), q.new_empty((b, h), dtype=torch.float32)
+
+
 @torch.library.custom_op("refserver::index_topk", mutates_args=())
 def index_topk_op(
     mode: str,

@@ -5,10 +5,11 @@ campaign.refserver`` does (the wide long-context model, bf16, CUDA graphs, the g
 requests of ``--prompt-len`` tokens (a question after filler, as ``campaign bench --prompts long-context`` sends),
 prefills them, then times ``--steps`` decode steps three ways:
 
-- ``gpu_ms``: the decode graph alone (``DecodeRunner.decode`` on the step's inputs), CUDA events around it;
+- ``gpu_ms``: the decode graph alone (``DecodeRunner.launch`` on the step's input rows), CUDA events around it;
 - ``runner_ms``: the same call timed on the host with a synchronize, i.e. the graph plus copying its inputs;
-- ``engine_ms``: the engine's whole decode step (building the page tables, the call, choosing and handing out the
-  tokens), the work the scheduler thread does per token of every request, without HTTP.
+- ``engine_ms``: the engine's scheduler step in steady decode (launching the next step, then waiting for the
+  previous one and handing out its tokens), without HTTP: with the overlap it is the larger of the GPU step and
+  the host's work per step.
 
 The served ITL (from ``campaign run``) minus ``engine_ms`` is what the HTTP side adds. Medians over the steps.
 Usage (on the GPU machine): ``python scripts/decode_step_probe.py --json OUT.json [--form mma:aware ...]``.
@@ -25,10 +26,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from campaign.refserver.engine import Engine, EngineArgs, Request
+from campaign.refserver.engine import Engine, EngineArgs
 from campaign.refserver.questions import filler_text, long_context_text
+from campaign.refserver.request import Request
 from campaign.refserver.tokenizer import encode_prompt
 
 WIDE = Path("campaign/refserver/weights/longctx-wide.safetensors")
@@ -71,34 +74,26 @@ def probe(backend: str, indexer: str, args: argparse.Namespace) -> dict[str, obj
     cuda = args.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     for _ in range(args.steps):
-        sync()
         t0 = time.perf_counter()
-        engine._decode()
+        engine.step()
         engine_ms.append((time.perf_counter() - t0) * 1e3)
-    # The graph alone on the last step's shapes: same batch, same page tables (one token longer each step).
+    # The graph alone on the last step's shapes: same batch, same table rows (one token longer each step).
     batch = engine._running
-    dev = torch.device(args.device)
-    k = engine.runner.context_len
-    tokens = torch.tensor([r.output[-1] for r in batch], device=dev)
-    positions = torch.tensor([r.length - 1 for r in batch], device=dev)
-    out_slots = torch.tensor([int(r.slots[r.length - 1]) for r in batch], device=dev)  # type: ignore[index]
-    idx = torch.zeros((len(batch), k), dtype=torch.int32, device=dev)
-    for i, r in enumerate(batch):
-        pages = torch.from_numpy(engine.pool.page_table(r.slots))  # type: ignore[arg-type]
-        idx[i, : len(pages)] = pages.to(dev)
+    step_rows = np.array([(r.length - 1, int(r.slots[r.length - 1]), r.row) for r in batch], dtype=np.int64)  # type: ignore[index]
+    sync()
     for _ in range(args.steps):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            engine.runner.decode(tokens, positions, out_slots, idx)
+            engine.runner.launch(step_rows)
             end.record()
             sync()
             gpu_ms.append(start.elapsed_time(end))
         t0 = time.perf_counter()
-        engine.runner.decode(tokens, positions, out_slots, idx)
+        engine.runner.launch(step_rows)
         sync()
         runner_ms.append((time.perf_counter() - t0) * 1e3)
-    kernels = profile_kernels(engine, tokens, positions, out_slots, idx, args.steps) if args.profile and cuda else None
+    kernels = profile_kernels(engine, step_rows, args.steps) if args.profile and cuda else None
     del engine
     gc.collect()
     if cuda:
@@ -118,15 +113,13 @@ def probe(backend: str, indexer: str, args: argparse.Namespace) -> dict[str, obj
     }
 
 
-def profile_kernels(
-    engine: Engine, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, idx: torch.Tensor, steps: int
-) -> dict[str, object]:
+def profile_kernels(engine: Engine, rows: np.ndarray, steps: int) -> dict[str, object]:
     """Per decode step: how many kernels run and the GPU time of each kind (torch.profiler over ``steps`` calls)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            engine.runner.decode(tokens, positions, slots, idx)
+            engine.runner.launch(rows)
         torch.cuda.synchronize()
     rows = []
     for event in prof.key_averages():

@@ -2,13 +2,20 @@
 
 As in SGLang, CUDA graphs are captured after warm-up for batch buckets 1, 2, 4, 8, ... up to ``--cuda-graph-max-bs``;
 a batch is padded up to its bucket (padded rows read no slot and write the pool's scratch row) and a batch larger
-than the biggest bucket runs without a graph. The engine hands a step's inputs over packed in one array
-(``decode_packed``): with a graph that is one host-to-device copy and one replay, which also makes the greedy
-choice. ``--enable-torch-compile`` wraps the decode step in ``torch.compile`` (captured into the graphs when they
-are on). Capture is attempted whenever graphs are on, whatever the device, so a
-CPU-only host fails at capture for the real reason, as SGLang does; with ``--cuda-graph-fallback`` it decodes eagerly
-instead and logs that it does, the silent-looking fallback real engines make (campaign's effective-config check reads
-the engine's line that states what runs).
+than the biggest bucket runs without a graph.
+
+What a request attends to lives on the device, as SGLang's ``req_to_token`` table does: each running request owns a
+row of ``table`` (its KV slots, or with an indexer its page table), written once when it is admitted, and its last
+token sits in ``last_token`` at that row. A step's input is then three numbers a request (``launch``: position, out
+slot, table row): the step gathers its tokens and indices on the device and writes its greedy choice back into
+``last_token``, so the next step can be launched before the host has read this one's tokens (the engine's overlap).
+With a graph a step is one small host-to-device copy and one replay.
+
+``--enable-torch-compile`` wraps the decode step in ``torch.compile`` (captured into the graphs when they are on).
+Capture is attempted whenever graphs are on, whatever the device, so a CPU-only host fails at capture for the real
+reason, as SGLang does; with ``--cuda-graph-fallback`` it decodes eagerly instead and logs that it does, the
+silent-looking fallback real engines make (campaign's effective-config check reads the engine's line that states what
+runs).
 """
 
 from __future__ import annotations
@@ -44,19 +51,24 @@ def batch_buckets(max_bs: int) -> list[int]:
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    #: The step's inputs packed in one row per request: token, position, out slot, then the indices (int64). The
-    #: graph unpacks them itself, so a step is one host-to-device copy from ``host`` (pinned) and one replay.
+    #: The step's inputs, a row per request: position, out slot, table row (int64); the graph unpacks them.
     packed: torch.Tensor
-    host: torch.Tensor
     logits: torch.Tensor
-    #: The greedy choice per row, computed inside the graph.
+    #: The greedy choice per row, computed inside the graph (and written to ``last_token``).
     greedy: torch.Tensor
-    #: Rows of ``host`` that hold a request's inputs since the last step (the rest hold padding).
-    filled: int = 0
 
 
-#: Columns of a packed input row before the indices: token, position, out slot.
-PACKED_HEAD = 3
+@dataclass
+class Launched:
+    """A decode step queued on the device: its logits, greedy tokens and table rows (device tensors, ``[B]``)."""
+
+    logits: torch.Tensor
+    greedy: torch.Tensor
+    rows: torch.Tensor
+
+
+#: Columns of a step's input row: position, out slot, table row.
+STEP_COLUMNS = 3
 
 
 class DecodeRunner:
@@ -75,6 +87,7 @@ class DecodeRunner:
         cuda_graph_fallback: bool = False,
         index: IndexPool | None = None,
         index_width: int | None = None,
+        max_requests: int = 1,
     ) -> None:
         self.model = model
         self.pool = pool
@@ -84,6 +97,15 @@ class DecodeRunner:
         #: table (padded rows and pages point at page 0: the indexer reads them only below a row's length).
         self.context_len = index_width or model.cfg.context_len
         self._index_pad = 0 if index is not None else -1
+        self._paged = index is not None
+        #: A row per running request (``set_row``) and a last one of padding, which padded batch rows use.
+        self.pad_row = max_requests
+        self.table = torch.full(
+            (max_requests + 1, self.context_len), self._index_pad, dtype=torch.int32, device=self.device
+        )
+        #: Each table row's last token: the step's input, written by the prefill and by each step's choice.
+        self.last_token = torch.zeros(max_requests + 1, dtype=torch.long, device=self.device)
+        self._columns = torch.arange(self.context_len, device=self.device)
         self.buckets = batch_buckets(cuda_graph_max_bs)
         self.torch_compile = torch_compile
         self.cuda_graph = cuda_graph
@@ -151,22 +173,16 @@ class DecodeRunner:
             with torch.inference_mode():
                 # Largest first, as SGLang does, so the smaller graphs reuse the memory pool of the largest.
                 for bs in reversed(self.buckets):
-                    inputs = self._dummy(bs)
-                    packed = self._pack(*inputs)
-                    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-                    host.copy_(packed)
+                    packed = self._pad_rows(bs)
                     stream.wait_stream(torch.cuda.current_stream(self.device))
                     with torch.cuda.stream(stream):
                         for _ in range(2):  # warm-up: lazy init, Triton JIT and compile happen outside capture
-                            self._step(*inputs)
+                            self._table_step(packed)
                     torch.cuda.current_stream(self.device).wait_stream(stream)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=mempool, stream=stream):
-                        for target, column in zip(inputs, self._unpack(packed), strict=True):
-                            target.copy_(column)
-                        logits = self._step(*inputs)
-                        greedy = logits.argmax(dim=-1)
-                    self._graphs[bs] = _Graph(graph, packed, host, logits, greedy)
+                        logits, greedy = self._table_step(packed)
+                    self._graphs[bs] = _Graph(graph, packed, logits, greedy)
             torch.cuda.synchronize(self.device)
         except Exception as exc:
             raise CaptureError(
@@ -191,6 +207,7 @@ class DecodeRunner:
     def _run_padded(
         self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, idx: torch.Tensor
     ) -> torch.Tensor:
+        """The step, its batch padded up to a bucket when compiled (so that only the buckets' shapes compile)."""
         bs = tokens.shape[0]
         if bs > self.buckets[-1] or (not self.torch_compile and not self.cuda_graph):
             return self._step(tokens, positions, slots, idx)
@@ -199,54 +216,61 @@ class DecodeRunner:
             pad_t, pad_p, pad_s, pad_i = self._dummy(padded - bs)
             tokens, positions = torch.cat([tokens, pad_t]), torch.cat([positions, pad_p])
             slots, idx = torch.cat([slots, pad_s]), torch.cat([idx, pad_i])
-        graph = self._graphs.get(padded)
-        if graph is None:
-            return self._step(tokens, positions, slots, idx)[:bs]
-        graph.packed.copy_(self._pack(tokens, positions, slots, idx))
-        graph.graph.replay()
-        return graph.logits[:bs]
+        return self._step(tokens, positions, slots, idx)[:bs]
 
-    @staticmethod
-    def _pack(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """The four inputs as one int64 tensor, a row per request (see ``_Graph.packed``)."""
-        return torch.cat([tokens[:, None], positions[:, None], slots[:, None], idx.long()], dim=1)
+    def _pad_rows(self, bs: int) -> torch.Tensor:
+        """``bs`` step input rows of padding (on the device): they read no slot and write only the scratch row."""
+        rows = torch.tensor([[0, self.pool.scratch_slot, self.pad_row]] * bs, dtype=torch.long)
+        return rows.to(self.device)
 
-    @staticmethod
-    def _unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        return packed[:, 0], packed[:, 1], packed[:, 2], packed[:, PACKED_HEAD:]
-
-    def pad_row(self) -> np.ndarray:
-        """The packed input row of a padding request: it reads no slot and writes the pool's scratch row."""
-        row = np.full(PACKED_HEAD + self.context_len, self._index_pad, dtype=np.int64)
-        row[:PACKED_HEAD] = (0, 0, self.pool.scratch_slot)
-        return row
+    def _table_step(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step from input rows ``[B, 3]`` on the device: gather tokens and indices, run, choose greedily."""
+        positions, slots, rows = packed[:, 0], packed[:, 1], packed[:, 2]
+        idx = self.table[rows]
+        if not self._paged:
+            # The row holds every slot the request reserved; those past its position are not written yet.
+            idx = torch.where(self._columns[None, :] <= positions[:, None], idx, -1)
+        logits = self._run_padded(self.last_token[rows], positions, slots, idx)
+        greedy = logits.argmax(dim=-1)
+        self.last_token[rows] = greedy
+        return logits, greedy
 
     @torch.inference_mode()
-    def decode_packed(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits ``[B, V]`` and, where a graph ran, the greedy tokens ``[B]``, from packed input rows.
+    def set_row(self, row: int, values: np.ndarray) -> None:
+        """Make table row ``row`` hold ``values`` (a request's slots, or its page table), padded after them."""
+        self.table[row].fill_(self._index_pad)
+        self.table[row, : len(values)].copy_(torch.from_numpy(values.astype(np.int32)))
 
-        ``rows`` is ``[B, 3 + context_len]`` int64 (``_Graph.packed``'s layout). With a graph for the batch this is
-        one copy into pinned memory, one host-to-device copy and one replay: each torch call releases and retakes
-        the GIL, which the HTTP thread of the same process holds in turns, so fewer calls make a shorter step.
+    @torch.inference_mode()
+    def set_tokens(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Record ``tokens`` as the last token of table ``rows`` (a prefill's choice, or a sampled one)."""
+        self.last_token[rows] = tokens
+
+    @torch.inference_mode()
+    def launch(self, rows: np.ndarray) -> Launched:
+        """Queue one decode step for input rows ``[B, 3]`` int64 (position, out slot, table row); nothing waits.
+
+        With a graph for the batch this is one host-to-device copy of the rows (through pinned memory, which the
+        caching allocator keeps until the copy is done) and one replay.
         """
         bs = rows.shape[0]
         graph = self._graphs.get(self._bucket(bs)) if self.uses_graph(bs) else None
         if graph is None:
-            t = torch.from_numpy(rows).to(self.device)
-            tokens, positions, slots, idx = (c.contiguous() for c in self._unpack(t))
-            return self.decode(tokens, positions, slots, idx.to(torch.int32)), None
-        host = graph.host.numpy()
-        host[:bs] = rows
-        if graph.filled > bs:
-            host[bs : graph.filled] = self.pad_row()
-        graph.filled = bs
-        graph.packed.copy_(graph.host, non_blocking=True)
+            packed = torch.from_numpy(rows).to(self.device)
+            logits, greedy = self._table_step(packed)
+            return Launched(logits, greedy, packed[:, 2])
+        padded = graph.packed.shape[0]
+        host = torch.empty((padded, STEP_COLUMNS), dtype=torch.long, pin_memory=True)
+        view = host.numpy()
+        view[:bs] = rows
+        view[bs:] = (0, self.pool.scratch_slot, self.pad_row)
+        graph.packed.copy_(host, non_blocking=True)
         graph.graph.replay()
-        return graph.logits[:bs], graph.greedy[:bs]
+        return Launched(graph.logits[:bs], graph.greedy[:bs], graph.packed[:bs, 2])
 
     @torch.inference_mode()
     def decode(
         self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, idx: torch.Tensor
     ) -> torch.Tensor:
-        """Logits ``[B, V]`` of one decode step (inputs as in ``ArithModel.decode``, on the pool's device)."""
+        """Logits ``[B, V]`` of one decode step from explicit inputs (as ``ArithModel.decode`` takes them)."""
         return self._run_padded(tokens, positions, slots, idx)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from campaign.refserver.decode_runner import PACKED_HEAD, DecodeRunner
+from campaign.refserver.decode_runner import STEP_COLUMNS, DecodeRunner
 from campaign.refserver.fault import check_fault
 from campaign.refserver.kvpool import GB, KVPool, memory_info, pool_tokens
 from campaign.refserver.log import logger
@@ -148,6 +148,7 @@ class Engine:
             cuda_graph_fallback=args.cuda_graph_fallback,
             index=self.index,
             index_width=width,
+            max_requests=args.max_running_requests,
         )
         self.runner.prepare()
         # What runs, after any fallback: the line campaign's effective-config check reads.
@@ -160,6 +161,9 @@ class Engine:
         self.stats = Stats()
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
+        #: The decode step launched and not yet handed out (the overlap); table rows not held by a request.
+        self._pending: _Step | None = None
+        self._free_rows = list(range(args.max_running_requests))[::-1]
         self.fatal: BaseException | None = None
         self._decode_steps = 0
         self._log_tokens = 0
@@ -182,7 +186,7 @@ class Engine:
     @property
     def idle(self) -> bool:
         """Whether no request waits or runs (a scheduler loop may then block until one comes)."""
-        return not (self._waiting or self._running)
+        return not (self._waiting or self._running or self._pending)
 
     @property
     def token_usage(self) -> float:
@@ -211,13 +215,26 @@ class Engine:
                 request.sink(None, "error")
 
     def step(self) -> None:
-        """One scheduler iteration: admit, prefill the admitted, decode everything running."""
-        for batch in prefill_batches(self._admit()):
-            self._prefill(batch)
-        self._drop_finished()
-        if self._running:
-            self._decode()
+        """One scheduler iteration: admit, prefill the admitted, then decode everything running.
+
+        Decode overlaps the host with the device, as SGLang's overlap scheduler does: a step launches the next
+        decode step first (its input tokens are on the device already) and only then waits for the previous one and
+        hands out its tokens, so that host work (the tokens' delivery, the server's messages) runs while the device
+        computes. A request that stops at a token still on its way has had one step too many; its token is dropped.
+        """
+        admitted = self._admit()
+        if admitted:
+            self._deliver()  # a prefill waits for the device anyway; the running requests' tokens go out first
+            for batch in prefill_batches(admitted):
+                self._prefill(batch)
             self._drop_finished()
+        began = time.perf_counter()
+        launched = self._launch() if self._running else None
+        delivered = self._deliver()
+        self._pending = launched
+        if launched is not None or delivered:
+            self.stats.decode_seconds += time.perf_counter() - began
+        self._drop_finished()
         self.stats.running = len(self._running)
 
     def _admit(self) -> list[Request]:
@@ -231,6 +248,8 @@ class Engine:
             if slots is None:
                 break  # the pool is full: it waits for running requests to end
             request.slots = slots
+            request.row = self._free_rows.pop()
+            self.runner.set_row(request.row, self.pool.page_table(slots) if self.index is not None else slots)
             admitted.append(self._waiting.popleft())
         self.stats.queued = len(self._waiting)
         self._running.extend(admitted)
@@ -258,65 +277,111 @@ class Engine:
         )
         logits = logits[torch.arange(len(batch), device=self.device), last]
         self.stats.prompt_tokens += sum(len(r.prompt) for r in batch)
-        self._emit(batch, logits)
+        rows = torch.tensor([r.row for r in batch], device=self.device)
+        chosen = self._choose(batch, logits, logits.argmax(dim=-1), rows, recorded=False)
+        logprobs = self._logprobs(batch, logits, chosen, wait=True)
+        self._hand_out(batch, chosen.tolist(), _logprob_records(logprobs) if logprobs is not None else None)
 
     @torch.inference_mode()
-    def _decode(self) -> None:
-        batch = self._running
-        paged = self.index is not None
-        k = self.runner.context_len
-        # One row per request (DecodeRunner's packed layout): token, position, out slot, then every cached slot of
-        # the request, or (paged) its page table: the indexer picks the slots from it.
-        rows = np.full((len(batch), PACKED_HEAD + k), 0 if paged else -1, dtype=np.int64)
+    def _launch(self) -> _Step | None:
+        """Queue a decode step for every running request that still needs a token; nothing waits for the device."""
+        batch = [r for r in self._running if r.finish_reason is None and not r.aborted and not self._done(r)]
+        if not batch:
+            return None
+        rows = np.empty((len(batch), STEP_COLUMNS), dtype=np.int64)
+        positions = 0
         for i, request in enumerate(batch):
-            assert request.slots is not None
-            pos = request.length - 1  # the last generated token is not cached yet
-            rows[i, :PACKED_HEAD] = (request.output[-1], pos, request.slots[pos])
-            if paged:
-                pages = self.pool.page_table(request.slots)
-                rows[i, PACKED_HEAD : PACKED_HEAD + len(pages)] = pages
-            else:
-                rows[i, PACKED_HEAD : PACKED_HEAD + pos + 1] = request.slots[: pos + 1]
+            assert request.slots is not None and request.row is not None
+            pos = request.length + request.in_flight - 1  # the last token chosen is not cached yet
+            rows[i] = (pos, request.slots[pos], request.row)
+            positions += pos
+            request.in_flight += 1
         if self.index is not None:
-            positions_sum = int(rows[:, 1].sum())
-            per_layer = positions_sum + len(batch) if self.index.mode == "aware" else len(batch) * k * INDEX_PAGE
+            k = self.runner.context_len
+            per_layer = positions + len(batch) if self.index.mode == "aware" else len(batch) * k * INDEX_PAGE
             self.stats.index_logits += per_layer * self.cfg.n_layers
-        began = time.perf_counter()
-        logits, greedy = self.runner.decode_packed(rows)
-        self._emit(batch, logits, greedy)  # .tolist() in here waits for the device, so the clock below is honest
-        self.stats.decode_seconds += time.perf_counter() - began
+        launched = self.runner.launch(rows)
+        chosen = self._choose(batch, launched.logits, launched.greedy, launched.rows, recorded=True)
+        logprobs = self._logprobs(batch, launched.logits, chosen, wait=False)
+        # Copies into pinned memory that the next step's launch does not wait for; an event says when they are done.
+        tokens = chosen.to("cpu", non_blocking=True)
+        event = torch.cuda.Event() if self.device.type == "cuda" else None
+        if event is not None:
+            event.record()
+        return _Step(batch, tokens, logprobs, event)
+
+    def _done(self, request: Request) -> bool:
+        """Whether the tokens already chosen (delivered or on their way) reach the request's ``max_new_tokens``."""
+        return len(request.output) + request.in_flight >= request.max_new_tokens
+
+    def _deliver(self) -> bool:
+        """Wait for the pending decode step, if any, and hand out its tokens; whether there was one."""
+        step, self._pending = self._pending, None
+        if step is None:
+            return False
+        if step.event is not None:
+            step.event.synchronize()
+        for request in step.batch:
+            request.in_flight -= 1
+        live = [i for i, r in enumerate(step.batch) if r.finish_reason is None and not r.aborted]
+        tokens = step.tokens.tolist()
+        records = _logprob_records(step.logprobs) if step.logprobs is not None else None
+        batch = [step.batch[i] for i in live]
+        self._hand_out(batch, [tokens[i] for i in live], [records[i] for i in live] if records is not None else None)
         self.stats.decode_steps += 1
-        self.stats.decode_tokens += len(batch)
+        self.stats.decode_tokens += len(step.batch)
         self._decode_steps += 1
-        self._log_tokens += len(batch)
+        self._log_tokens += len(step.batch)
         if self._decode_steps % self.args.decode_log_interval == 0:
             now = time.monotonic()
             logger.info(
-                f"Decode batch. #running-req: {len(batch)}, #token: {self.pool.used_slots}, "
+                f"Decode batch. #running-req: {len(step.batch)}, #token: {self.pool.used_slots}, "
                 f"token usage: {self.pool.used_slots / self.pool.n_tokens:.2f}, "
-                f"cuda graph: {self.runner.uses_graph(len(batch))}, "
+                f"cuda graph: {self.runner.uses_graph(len(step.batch))}, "
                 f"gen throughput (token/s): {self._log_tokens / max(now - self._log_time, 1e-9):.2f}, "
                 f"#queue-req: {len(self._waiting)}"
             )
             self._log_tokens, self._log_time = 0, now
+        return True
 
-    def _emit(self, batch: list[Request], logits: torch.Tensor, greedy: torch.Tensor | None = None) -> None:
-        """Choose each request's next token (greedy, or sampled at its temperature) and hand it out.
-
-        ``greedy``: the argmax of ``logits`` when the caller has it already (a CUDA graph computes it).
-        """
-        chosen = logits.argmax(dim=-1) if greedy is None else greedy
+    def _choose(
+        self, batch: list[Request], logits: torch.Tensor, greedy: torch.Tensor, rows: torch.Tensor, *, recorded: bool
+    ) -> torch.Tensor:
+        """Each request's next token on the device (greedy, or sampled at its temperature), made its row's last
+        token for the next step (``recorded``: a decode step has made the greedy one so already)."""
         temps = [r.temperature for r in batch]
-        if any(t > 0 for t in temps):
-            t = torch.tensor([max(x, 1e-6) for x in temps], device=logits.device)[:, None]
-            probs = torch.softmax(logits.float() / t, dim=-1)
-            sampled = torch.multinomial(probs, 1, generator=self._gen).squeeze(1)
-            chosen = torch.where(t.squeeze(1) > 1e-6, sampled, chosen)
-        tokens = chosen.tolist()
-        if any(r.logprobs is not None for r in batch):
-            _record_logprobs(batch, logits, tokens)
-        for request, token in zip(batch, tokens, strict=True):
+        if not any(t > 0 for t in temps):
+            if not recorded:
+                self.runner.set_tokens(rows, greedy)
+            return greedy
+        t = torch.tensor([max(x, 1e-6) for x in temps], device=logits.device)[:, None]
+        probs = torch.softmax(logits.float() / t, dim=-1)
+        sampled = torch.multinomial(probs, 1, generator=self._gen).squeeze(1)
+        chosen = torch.where(t.squeeze(1) > 1e-6, sampled, greedy)
+        self.runner.set_tokens(rows, chosen)
+        return chosen
+
+    def _logprobs(
+        self, batch: list[Request], logits: torch.Tensor, chosen: torch.Tensor, *, wait: bool
+    ) -> _Logprobs | None:
+        """The chosen tokens' log-probabilities and the top ones (None when no request asks), copied to the host;
+        without ``wait`` the copies are still on their way when this returns (the step's event covers them)."""
+        widest = max((r.logprobs or 0 for r in batch if r.logprobs is not None), default=-1)
+        if widest < 0:
+            return None
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        chosen_lp = logp.gather(1, chosen[:, None]).squeeze(1)
+        top_lp, top_id = logp.topk(min(widest, logp.shape[-1]), dim=-1)
+        wanted = [r.logprobs for r in batch]
+        non_blocking = logits.is_cuda and not wait
+        return _Logprobs(wanted, *(x.to("cpu", non_blocking=non_blocking) for x in (chosen_lp, top_lp, top_id)))
+
+    def _hand_out(self, batch: list[Request], tokens: list[int], records: list[TokenLogprob] | None) -> None:
+        """Append each request's token (and its log-probability), mark the finished, and call the sinks."""
+        for i, (request, token) in enumerate(zip(batch, tokens, strict=True)):
             request.output.append(token)
+            if records is not None and request.logprobs is not None:
+                request.token_logprobs.append(records[i])
             self.stats.generation_tokens += 1
             if token == EOS and not request.ignore_eos:
                 request.finish_reason = "stop"
@@ -328,14 +393,44 @@ class Engine:
     def _drop_finished(self) -> None:
         keep: list[Request] = []
         for request in self._running:
-            if request.finish_reason is not None or request.aborted:
-                assert request.slots is not None
+            if (request.finish_reason is not None or request.aborted) and not request.in_flight:
+                assert request.slots is not None and request.row is not None
                 self.pool.release(request.slots)
-                request.slots = None
+                self._free_rows.append(request.row)
+                request.slots, request.row = None, None
                 self.stats.requests_finished += 1
             else:
                 keep.append(request)
         self._running = keep
+
+
+@dataclass
+class _Logprobs:
+    """A step's log-probabilities on their way to the host: per row, the chosen token's and the top ones."""
+
+    wanted: list[int | None]
+    chosen: torch.Tensor
+    top_lp: torch.Tensor
+    top_id: torch.Tensor
+
+
+def _logprob_records(lp: _Logprobs) -> list[TokenLogprob]:
+    """The rows of ``lp`` as ``TokenLogprob``s, each with as many top entries as its request asked for."""
+    chosen, top_lp, top_id = lp.chosen.tolist(), lp.top_lp.tolist(), lp.top_id.tolist()
+    return [
+        TokenLogprob(chosen[i], list(zip(top_id[i][: k or 0], top_lp[i][: k or 0], strict=True)))
+        for i, k in enumerate(lp.wanted)
+    ]
+
+
+@dataclass
+class _Step:
+    """A decode step launched and not yet handed out: its requests, their tokens (host copies on their way)."""
+
+    batch: list[Request]
+    tokens: torch.Tensor
+    logprobs: _Logprobs | None
+    event: torch.cuda.Event | None
 
 
 def prefill_batches(requests: list[Request]) -> list[list[Request]]:
@@ -354,19 +449,3 @@ def prefill_batches(requests: list[Request]) -> list[list[Request]]:
     if current:
         batches.append(current)
     return batches
-
-
-def _record_logprobs(batch: list[Request], logits: torch.Tensor, tokens: list[int]) -> None:
-    """Append each asking request's token log-probability (and its top alternatives) from this step's logits."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    widest = max(r.logprobs or 0 for r in batch)
-    top_lp, top_id = logp.topk(min(widest, logp.shape[-1]), dim=-1) if widest else (None, None)
-    chosen = logp.gather(1, torch.tensor(tokens, device=logp.device)[:, None]).squeeze(1).tolist()
-    for i, request in enumerate(batch):
-        if request.logprobs is None:
-            continue
-        top: list[tuple[int, float]] = []
-        if top_lp is not None and top_id is not None and request.logprobs:
-            k = request.logprobs
-            top = list(zip(top_id[i, :k].tolist(), top_lp[i, :k].tolist(), strict=True))
-        request.token_logprobs.append(TokenLogprob(chosen[i], top))

@@ -43,6 +43,9 @@ class Request:
     #: With ``logprobs`` set: per generated token, its log-probability and the top ``logprobs`` (id, logprob).
     token_logprobs: list[TokenLogprob] = field(default_factory=list)
     slots: np.ndarray | None = None
+    #: The engine's: the decode table row the request holds while it runs, and its decode steps not handed out yet.
+    row: int | None = None
+    in_flight: int = 0
     finish_reason: str | None = None
     aborted: bool = False
 

@@ -234,7 +234,7 @@ def _record_trace(path: Path) -> None:
     def _prefill() -> None:
         linear(torch.randn(16, 64))
 
-    def _decode() -> None:
+    def _launch_decode() -> None:
         linear(torch.randn(2, 64))
         torch.relu(activations)
         sparse_mla_decode(q, kv, idx, 0.1, "torch", d_v=64)
@@ -246,7 +246,7 @@ def _record_trace(path: Path) -> None:
         with torch.no_grad():
             _prefill()
             for _ in range(3):
-                _decode()
+                _launch_decode()
 
     from campaign.refserver.profiler import _all_threads
 
@@ -315,7 +315,7 @@ def test_gpu_kernels_take_the_scope_of_their_launch_and_else_their_name() -> Non
         return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur, "args": args}
 
     events = [
-        rng("engine.py(297): _decode", "python_function", 0, 1000),
+        rng("engine.py(297): _launch_decode", "python_function", 0, 1000),
         rng("mla_kernels/decode.py(47): sparse_mla_decode", "python_function", 10, 100),
         rng("aten::bmm", "cpu_op", 20, 50),
         rng("cudaLaunchKernel", "cuda_runtime", 30, 5, corr=1),

@@ -150,6 +150,10 @@ def test_models_metrics_and_health(server: Server) -> None:
     assert value(after, "num_requests_total") >= value(before, "num_requests_total") + 1
     assert value(after, "generation_tokens_total") >= value(before, "generation_tokens_total") + 2
     assert value(after, "num_running_reqs") == 0 and value(after, "num_queue_reqs") == 0
+    # Where the decode time went: steps, their wall time, and (on a GPU) the part spent waiting for the device.
+    assert value(after, "decode_steps_total") >= value(before, "decode_steps_total") + 1
+    assert value(after, "decode_seconds_total") > value(before, "decode_seconds_total")
+    assert 0 <= value(after, "decode_wait_seconds_total") <= value(after, "decode_seconds_total")
 
 
 def test_chat_logprobs_in_openai_format(server: Server) -> None:
@@ -358,6 +362,35 @@ def test_bfloat16_weights_and_pool_answer_and_say_so(tmp_path: Path) -> None:
         assert {q: a["choices"][0]["message"]["content"] for q, a in answers.items()} == SMOKE
         text = log.read_text()
         assert "dtype=torch.bfloat16" in text and "dtype=torch.float32" not in text
+    finally:
+        stop_refserver(proc)
+
+
+def stream_reads(url: str, body: dict[str, object]) -> list[list[str]]:
+    """The texts of a completion stream's events, grouped as they came off the socket (one list a read)."""
+    reads: list[list[str]] = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as reply:
+        for chunk in reply.iter_raw():
+            reads.append(re.findall(r'"text": "([^"]*)"', chunk.decode()))
+    return reads
+
+
+def test_a_stream_interval_writes_tokens_in_groups_with_the_same_answers(tmp_path: Path, server: Server) -> None:
+    # --stream-interval 4: a stream's tokens go out four at a time, in one write (each still its own event).
+    log = tmp_path / "refserver.log"
+    port = free_port()
+    proc = start_refserver([*CPU_ARGS, "--stream-interval", "4"], port=port, log_path=log)
+    url = f"http://127.0.0.1:{port}"
+    body = {"prompt": "What is 17×23?", "max_tokens": 10, "ignore_eos": True, "stream": True, "temperature": 0}
+    try:
+        wait_ready(proc, url, log)
+        grouped = [r for r in stream_reads(url, body) if r]
+        one_by_one = [r for r in stream_reads(server.url, body) if r]
+        text = "".join(t for read in grouped for t in read)
+        # The same text either way; ten tokens in at most three writes of up to four, then the finish.
+        assert text == "".join(t for read in one_by_one for t in read) and text.startswith("391")
+        assert len(grouped) <= 4 < len(one_by_one)
+        assert chat(url, "What is 17×23?", max_tokens=8).json()["choices"][0]["message"]["content"] == "391"
     finally:
         stop_refserver(proc)
 

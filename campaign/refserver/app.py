@@ -157,10 +157,12 @@ class Relay:
 
 
 class ServerState:
-    """What the routes share: the engine, the model id, and whether warm-up finished."""
+    """What the routes share: the engine, the model id, whether warm-up finished, and the stream interval."""
 
-    def __init__(self, engine: EngineProcess) -> None:
+    def __init__(self, engine: EngineProcess, *, stream_interval: int = 1) -> None:
         self.engine = engine
+        #: Tokens a stream gathers before it writes them (``--stream-interval``); its last ones go out at once.
+        self.stream_interval = stream_interval
         self.model_id = engine.model_id
         self.ready = False
         self.created = int(time.time())
@@ -216,6 +218,7 @@ def build_app(state: ServerState) -> FastAPI:
     engine = state.engine
     add_profile_routes(app, engine.profiler)
     context_len = engine.context_len
+    interval = state.stream_interval
     relays: dict[asyncio.AbstractEventLoop, Relay] = {}
 
     def make_request(
@@ -268,8 +271,13 @@ def build_app(state: ServerState) -> FastAPI:
         try:
             while True:
                 batch = [await queue.get()]
-                while not queue.empty():  # behind the engine: what is queued goes out in one write
-                    batch.append(queue.get_nowait())
+                while True:
+                    while not queue.empty():  # behind the engine: what is queued goes out in one write
+                        batch.append(queue.get_nowait())
+                    if len(batch) >= interval or batch[-1][1] is not None:
+                        break
+                    # A write per token and stream is what bounds a fast engine at high concurrency: gather more.
+                    batch.append(await queue.get())
                 yield batch
                 if batch[-1][1] is not None:
                     return
@@ -499,6 +507,16 @@ def build_app(state: ServerState) -> FastAPI:
             "# HELP refserver:token_usage Fraction of KV pool slots reserved.",
             "# TYPE refserver:token_usage gauge",
             f"refserver:token_usage {engine.token_usage:.6f}",
+            "# HELP refserver:decode_steps_total Decode steps run.",
+            "# TYPE refserver:decode_steps_total counter",
+            f"refserver:decode_steps_total {s.decode_steps}",
+            "# HELP refserver:decode_seconds_total Wall time of the scheduler's decode work (launch, wait, hand-out).",
+            "# TYPE refserver:decode_seconds_total counter",
+            f"refserver:decode_seconds_total {s.decode_seconds:.6f}",
+            "# HELP refserver:decode_wait_seconds_total Of that, time spent waiting for the device (what the host's "
+            "work did not cover).",
+            "# TYPE refserver:decode_wait_seconds_total counter",
+            f"refserver:decode_wait_seconds_total {s.decode_wait_seconds:.6f}",
             "# HELP refserver:indexer_logits_total Indexer logits decode computed (aware: the rows' lengths; naive: "
             "the context length, every row).",
             "# TYPE refserver:indexer_logits_total counter",

@@ -229,7 +229,7 @@ class Engine:
                 self._prefill(batch)
             self._drop_finished()
         began = time.perf_counter()
-        launched = self._launch() if self._running else None
+        launched = self._launch_decode() if self._running else None
         delivered = self._deliver()
         self._pending = launched
         if launched is not None or delivered:
@@ -283,7 +283,7 @@ class Engine:
         self._hand_out(batch, chosen.tolist(), _logprob_records(logprobs) if logprobs is not None else None)
 
     @torch.inference_mode()
-    def _launch(self) -> _Step | None:
+    def _launch_decode(self) -> _Step | None:
         """Queue a decode step for every running request that still needs a token; nothing waits for the device."""
         batch = [r for r in self._running if r.finish_reason is None and not r.aborted and not self._done(r)]
         if not batch:
@@ -320,7 +320,9 @@ class Engine:
         if step is None:
             return False
         if step.event is not None:
+            waited = time.perf_counter()
             step.event.synchronize()
+            self.stats.decode_wait_seconds += time.perf_counter() - waited
         for request in step.batch:
             request.in_flight -= 1
         live = [i for i, r in enumerate(step.batch) if r.finish_reason is None and not r.aborted]

@@ -70,6 +70,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-running-requests", type=_positive, default=128, help="largest decode batch")
     p.add_argument("--decode-log-interval", type=_positive, default=40, help="decode steps between Decode lines")
     p.add_argument(
+        "--stream-interval",
+        type=_positive,
+        default=1,
+        help="tokens a stream buffers before a write (as SGLang's flag): fewer, larger writes at high concurrency",
+    )
+    p.add_argument(
         "--context-length",
         type=_positive,
         default=None,
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = EngineProcess.start(engine_args)
     except EngineStartError as exc:
         return exc.code
-    state = ServerState(engine)
+    state = ServerState(engine, stream_interval=args.stream_interval)
     config = uvicorn.Config(
         build_app(state), host=args.host, port=args.port, log_config=uvicorn_log_config(), timeout_keep_alive=5
     )

@@ -68,6 +68,8 @@ class Stats:
     decode_steps: int = 0
     decode_tokens: int = 0
     decode_seconds: float = 0.0
+    #: Of ``decode_seconds``, the time spent waiting for the device to finish a step (the rest is host work).
+    decode_wait_seconds: float = 0.0
     #: Long-context models: indexer logits the decode steps' indexer form computed (all layers). The aware form
     #: scores each row's own length; the naive one every position up to the context length, for every row.
     index_logits: int = 0

@@ -1,9 +1,12 @@
 """The lightning indexer's two steps timed apart on the GPU: scoring, and the radix top-k at several tunings.
 
 For B rows of length L in a table of M = 128k (the long-context server's shapes), it times ``indexer_scores``,
-``indexer_topk`` at each (block, warps) asked, the whole ``lightning_indexer``, and the O(max_context)
-``naive_indexer_topk``, with CUDA events over repeated calls (medians), checking each top-k against torch.topk.
-Usage (on the GPU machine): ``python scripts/bench_topk.py [--batch 32] [--length 8192] [--json OUT.json]``.
+``indexer_topk`` at each (method, block, warps) asked (``single``: one program per row; ``split``: each row spread
+over several programs), the whole ``lightning_indexer``, and the O(max_context) ``naive_indexer_topk``, with CUDA
+events over repeated calls (medians), checking each top-k against torch.topk. ``--graph`` times replays of a CUDA
+graph of each form instead of eager calls (as the server runs them: the split top-k's six launches then cost no
+Python launch overhead each). Usage (on the GPU machine):
+``python scripts/bench_topk.py [--batch 32] [--length 8192] [--graph] [--json OUT.json]``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,38 @@ def timed(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
-def bench_length(length: int, args: argparse.Namespace, tunings: list[tuple[int, int]]) -> list[dict[str, object]]:
+def graphed(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` captured once in a CUDA graph (after a call outside it, which compiles the kernels): its replay."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    replay: Callable[[], object] = graph.replay
+    return replay
+
+
+Tuning = tuple[str, int, int, int]  # (method, block, warps, radix bits of the split method)
+
+
+def parse_tuning(text: str) -> Tuning:
+    """``[METHOD:]BLOCK:WARPS[:BITS]`` as (method, block, warps, bits); method single, bits TOPK_RADIX_BITS if left out.
+
+    BITS (the split method's bits a radix pass, e.g. 8 or 11) means nothing to ``single``, which always takes 8.
+    """
+    parts = text.split(":")
+    if parts[0] not in indexer.TOPK_METHODS:
+        parts = ["single", *parts]
+    if len(parts) == 3:
+        parts.append(str(indexer.TOPK_RADIX_BITS))
+    if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
+        raise argparse.ArgumentTypeError(
+            f"tuning must be [METHOD:]BLOCK:WARPS[:BITS] with METHOD in {indexer.TOPK_METHODS}, got {text!r}"
+        )
+    return parts[0], int(parts[1]), int(parts[2]), int(parts[3])
+
+
+def bench_length(length: int, args: argparse.Namespace, tunings: list[Tuning]) -> list[dict[str, object]]:
     """Time every form at one row length; a top-k tuning whose result differs from torch.topk is marked WRONG."""
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(length)
@@ -56,18 +90,22 @@ def bench_length(length: int, args: argparse.Namespace, tunings: list[tuple[int,
         "aware (scores + top-k)": lambda: indexer.lightning_indexer(q, w, keys, scale, table, lengths, args.topk),
         "naive (O(max_context))": lambda: indexer.naive_indexer_topk(q, w, keys, scale, table, lengths, args.topk),
     }
-    for blk, warps in tunings:
+    for method, blk, warps, bits in tunings:
 
-        def run(blk: int = blk, warps: int = warps) -> torch.Tensor:
-            return indexer.indexer_topk(logits, lengths, args.topk, block=blk, num_warps=warps)
+        def run(method: str = method, blk: int = blk, warps: int = warps, bits: int = bits) -> torch.Tensor:
+            return indexer.indexer_topk(
+                logits, lengths, args.topk, method=method, block=blk, num_warps=warps, radix_bits=bits
+            )
 
         ok = bool(torch.equal(run()[:, : ref.shape[1]].sort(dim=1).values, ref.to(torch.int32)))
-        forms[f"top-k block {blk} warps {warps}{'' if ok else ' WRONG'}"] = run
+        what = f"{method} block {blk} warps {warps}" + (f" {bits}-bit" if method == "split" else "")
+        forms[f"top-k {what}{'' if ok else ' WRONG'}"] = run
     rows: list[dict[str, object]] = []
+    mode = "graph" if args.graph else "eager"
     for name, fn in forms.items():
-        us = timed(fn, args.reps)
-        rows.append({"form": name, "B": b, "L": length, "M": m, "median_us": round(us, 1)})
-        print(f"B={b:<3} L={length:<6} M={m:<6} {us:9.1f} us  {name}", flush=True)
+        us = timed(graphed(fn) if args.graph else fn, args.reps)
+        rows.append({"form": name, "B": b, "L": length, "M": m, "mode": mode, "median_us": round(us, 1)})
+        print(f"B={b:<3} L={length:<6} M={m:<6} {us:9.1f} us  {name} ({mode})", flush=True)
     return rows
 
 
@@ -78,12 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, action="append", help="row length L (repeat); default 8192")
     parser.add_argument("--max-context", type=int, default=131072)
     parser.add_argument("--topk", type=int, default=2048)
-    parser.add_argument("--tuning", action="append", help="BLOCK:WARPS of the top-k kernel (repeat)")
+    parser.add_argument(
+        "--tuning",
+        action="append",
+        type=parse_tuning,
+        help="[METHOD:]BLOCK:WARPS[:BITS] of the top-k: METHOD single (the default) or split, BITS the split's radix "
+        "bits a pass (repeat)",
+    )
+    parser.add_argument("--graph", action="store_true", help="time CUDA-graph replays instead of eager calls")
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    raw = args.tuning or ["1024:8", "2048:8", "4096:8", "4096:16", "8192:16"]
-    tunings = [(int(t.split(":")[0]), int(t.split(":")[1])) for t in raw]
+    default = ["single:1024:8", "single:4096:16", "split:512:4", "split:1024:4", "split:1024:8", "split:2048:8"]
+    default += ["split:512:4:11", "split:1024:4:11", "split:1024:8:11"]
+    tunings: list[Tuning] = args.tuning or [parse_tuning(t) for t in default]
     rows = [row for length in args.length or [8192] for row in bench_length(length, args, tunings)]
     if args.json:
         meta = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "argv": sys.argv}

@@ -214,6 +214,23 @@ def _emit(out_ptr, dest, pos, ok, pt_ptr, MAP: tl.constexpr, PAGE_SIZE: tl.const
 
 
 @triton.jit
+def _place(
+    out_ptr, pt_ptr, key, pos, inside, thr, c_above, c_tie, n_above, need, MAP: tl.constexpr, PAGE_SIZE: tl.constexpr
+):
+    """Write a block's keys above ``thr`` and its first ties still ``need``-ed; return the updated running counts.
+
+    Keys above the threshold take ranks from ``c_above`` up; ties follow every key above it (``n_above``) in order.
+    """
+    above = inside & (key > thr)
+    tie = inside & (key == thr)
+    rank_above = c_above + tl.cumsum(above.to(tl.int32), axis=0) - 1
+    rank_tie = c_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+    dest = tl.where(above, rank_above, n_above + rank_tie)
+    _emit(out_ptr, dest, pos, above | (tie & (rank_tie < need)), pt_ptr, MAP, PAGE_SIZE)
+    return c_above + tl.sum(above.to(tl.int32), axis=0), c_tie + tl.sum(tie.to(tl.int32), axis=0)
+
+
+@triton.jit
 def _topk_kernel(
     logits_ptr,
     len_ptr,
@@ -279,14 +296,7 @@ def _topk_kernel(
             pos = start + offs
             inside = pos < length
             key = _sort_key(tl.load(row + pos, mask=inside, other=0.0))
-            above = inside & (key > prefix)
-            tie = inside & (key == prefix)
-            rank_above = c_above + tl.cumsum(above.to(tl.int32), axis=0) - 1
-            rank_tie = c_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1
-            dest = tl.where(above, rank_above, n_above + rank_tie)
-            _emit(out, dest, pos, above | (tie & (rank_tie < need)), pt, MAP, PAGE_SIZE)
-            c_above += tl.sum(above.to(tl.int32), axis=0)
-            c_tie += tl.sum(tie.to(tl.int32), axis=0)
+            c_above, c_tie = _place(out, pt, key, pos, inside, prefix, c_above, c_tie, n_above, need, MAP, PAGE_SIZE)
             start += BLOCK
 
 
@@ -461,14 +471,7 @@ def _split_gather_kernel(
                 x_next = tl.load(row + nxt, mask=nxt < end, other=0.0)
                 inside = pos < end
                 key = _sort_key(x)
-                above = inside & (key > thr)
-                tie = inside & (key == thr)
-                rank_above = c_above + tl.cumsum(above.to(tl.int32), axis=0) - 1
-                rank_tie = c_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1
-                dest = tl.where(above, rank_above, n_above + rank_tie)
-                _emit(out, dest, pos, above | (tie & (rank_tie < need)), pt, MAP, PAGE_SIZE)
-                c_above += tl.sum(above.to(tl.int32), axis=0)
-                c_tie += tl.sum(tie.to(tl.int32), axis=0)
+                c_above, c_tie = _place(out, pt, key, pos, inside, thr, c_above, c_tie, n_above, need, MAP, PAGE_SIZE)
                 x = x_next
                 pos = nxt
                 start += BLOCK

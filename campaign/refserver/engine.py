@@ -325,11 +325,8 @@ class Engine:
             self.stats.decode_wait_seconds += time.perf_counter() - waited
         for request in step.batch:
             request.in_flight -= 1
-        live = [i for i, r in enumerate(step.batch) if r.finish_reason is None and not r.aborted]
-        tokens = step.tokens.tolist()
         records = _logprob_records(step.logprobs) if step.logprobs is not None else None
-        batch = [step.batch[i] for i in live]
-        self._hand_out(batch, [tokens[i] for i in live], [records[i] for i in live] if records is not None else None)
+        self._hand_out(step.batch, step.tokens.tolist(), records)
         self.stats.decode_steps += 1
         self.stats.decode_tokens += len(step.batch)
         self._decode_steps += 1
@@ -379,8 +376,13 @@ class Engine:
         return _Logprobs(wanted, *(x.to("cpu", non_blocking=non_blocking) for x in (chosen_lp, top_lp, top_id)))
 
     def _hand_out(self, batch: list[Request], tokens: list[int], records: list[TokenLogprob] | None) -> None:
-        """Append each request's token (and its log-probability), mark the finished, and call the sinks."""
+        """Append each request's token (and its log-probability), mark the finished, and call the sinks.
+
+        A request already finished or aborted gets nothing: its token came from a step launched before that was known.
+        """
         for i, (request, token) in enumerate(zip(batch, tokens, strict=True)):
+            if request.finish_reason is not None or request.aborted:
+                continue
             request.output.append(token)
             if records is not None and request.logprobs is not None:
                 request.token_logprobs.append(records[i])
@@ -389,7 +391,7 @@ class Engine:
                 request.finish_reason = "stop"
             elif len(request.output) >= request.max_new_tokens:
                 request.finish_reason = "length"
-            if request.sink is not None and not request.aborted:
+            if request.sink is not None:
                 request.sink(token, request.finish_reason)
 
     def _drop_finished(self) -> None:

@@ -502,7 +502,7 @@ def indexer_topk(
     (callers should not rely on the order, but it is deterministic: picks above the threshold by position, then the
     tied ones) and neither reads, launches nor fills anything in proportion to M = logits.shape[1]:
 
-    - ``"split"`` (not yet the default: it has not run on a GPU): an exact radix select, ``radix_bits`` a pass, with
+    - ``"split"`` (``"auto"`` on a GPU): an exact radix select, ``radix_bits`` a pass, with
       each row cut into ``programs_per_row`` contiguous chunks (default: from the multiprocessor count and B,
       ``topk_programs_per_row``): ``radix_passes(radix_bits)`` histogram launches that add to a [B, passes,
       2^radix_bits] count, then one that writes; with the count's zeroing, six launches at 8 bits, five at 11. No
@@ -539,9 +539,10 @@ def indexer_topk(
     table = page_table.contiguous() if page_table is not None else lengths
     stride_tb = table.stride(0) if page_table is not None else 0
     if method == "auto":
-        # "split" is exact on every CPU test but has not run on a GPU yet (bench_topk.py and the GPU test decide
-        # there); until then the server keeps the measured single-program kernel.
-        method = "single"
+        # On the H200 (docs/performance.md, 2026-12-04) split took 36.1 us against single's 42.7 at B = 64,
+        # L = 8192, and gave the same result; the interpreter runs programs one after another, so there it only
+        # adds launches.
+        method = "single" if interpreting() else "split"
     if method == "single":
         _topk_kernel[(b,)](
             logits,

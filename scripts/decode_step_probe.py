@@ -9,10 +9,14 @@ prefills them, then times ``--steps`` decode steps three ways:
 - ``runner_ms``: the same call timed on the host with a synchronize, i.e. the graph plus copying its inputs;
 - ``engine_ms``: the engine's scheduler step in steady decode (launching the next step, then waiting for the
   previous one and handing out its tokens), without HTTP: with the overlap it is the larger of the GPU step and
-  the host's work per step.
+  the host's work per step;
+- ``sched_ms``: the engine process's loop as the server runs it (``engine_process._Scheduler``: each request's sink,
+  the step, and the step's message sent over a socket to a child process that reads and unpickles it, as the HTTP
+  process's reader does), i.e. the engine's step in the server less what the HTTP process does with the message.
 
-The served ITL (from ``campaign run``) minus ``engine_ms`` is what the HTTP side adds. Medians over the steps.
-Usage (on the GPU machine): ``python scripts/decode_step_probe.py --json OUT.json [--form mma:aware ...]``.
+The served ITL (from ``campaign run``) minus ``sched_ms`` is what the HTTP side and the client add. Medians over the
+steps. Usage (on the GPU machine): ``python scripts/decode_step_probe.py --json OUT.json [--form mma:aware ...]``;
+a form is ``BACKEND:INDEXER[:TOPK_METHOD]``, e.g. ``mma:aware:split``.
 """
 
 from __future__ import annotations
@@ -21,20 +25,36 @@ import argparse
 import gc
 import json
 import random
+import socket
 import statistics
+import subprocess
 import sys
 import time
+from functools import partial
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from campaign.refserver.engine import Engine, EngineArgs
+from campaign.refserver.engine_process import _Scheduler
 from campaign.refserver.questions import filler_text, long_context_text
 from campaign.refserver.request import Request
 from campaign.refserver.tokenizer import encode_prompt
 
 WIDE = Path("campaign/refserver/weights/longctx-wide.safetensors")
+# The HTTP process's reader, reduced to reading and unpickling each message the engine sends.
+DRAIN = """
+import sys
+from multiprocessing.connection import Connection
+conn = Connection(int(sys.argv[1]))
+try:
+    while True:
+        conn.recv()
+except EOFError:
+    pass
+"""
 
 
 def prompts(n: int, length: int) -> list[list[int]]:
@@ -48,7 +68,31 @@ def prompts(n: int, length: int) -> list[list[int]]:
     return out
 
 
-def probe(backend: str, indexer: str, args: argparse.Namespace) -> dict[str, object]:
+def scheduled_steps(engine: Engine, steps: int) -> list[float]:
+    """Milliseconds of each of ``steps`` iterations of the engine process's loop, its messages read by a child."""
+    ours, theirs = socket.socketpair()
+    with theirs:
+        drain = subprocess.Popen([sys.executable, "-c", DRAIN, str(theirs.fileno())], pass_fds=(theirs.fileno(),))
+    conn = Connection(ours.detach())
+    scheduler = _Scheduler(engine, conn)
+    for request in engine._running:
+        request.sink = partial(scheduler.sink, request)
+        scheduler.requests[request.rid] = request
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        conn.poll()
+        engine.step()
+        scheduler.report()
+        times.append((time.perf_counter() - t0) * 1e3)
+    conn.close()
+    drain.wait(timeout=30)
+    for request in engine._running:
+        request.sink = None  # the sinks hold the scheduler, which holds the engine: let both go with the probe
+    return times
+
+
+def probe(backend: str, indexer: str, args: argparse.Namespace, topk_method: str = "auto") -> dict[str, object]:
     """Build one engine, fill it with the batch, and time its decode steps."""
     engine = Engine(
         EngineArgs(
@@ -59,12 +103,13 @@ def probe(backend: str, indexer: str, args: argparse.Namespace) -> dict[str, obj
             cuda_graph_max_bs=args.batch,
             context_length=args.context_length,
             indexer=indexer,
+            index_topk_method=topk_method,
             dtype="bfloat16" if args.device == "cuda" else "auto",
             max_running_requests=args.batch,
             enable_torch_compile=args.compile,
         )
     )
-    requests = [Request(p, args.steps + 8, ignore_eos=True) for p in prompts(args.batch, args.prompt_len)]
+    requests = [Request(p, 3 * args.steps + 8, ignore_eos=True) for p in prompts(args.batch, args.prompt_len)]
     for request in requests:
         engine.submit(request)
     began = time.perf_counter()
@@ -77,6 +122,7 @@ def probe(backend: str, indexer: str, args: argparse.Namespace) -> dict[str, obj
         t0 = time.perf_counter()
         engine.step()
         engine_ms.append((time.perf_counter() - t0) * 1e3)
+    sched_ms = scheduled_steps(engine, args.steps)
     # The graph alone on the last step's shapes: same batch, same table rows (one token longer each step).
     batch = engine._running
     step_rows = np.array([(r.length - 1, int(r.slots[r.length - 1]), r.row) for r in batch], dtype=np.int64)  # type: ignore[index]
@@ -101,6 +147,7 @@ def probe(backend: str, indexer: str, args: argparse.Namespace) -> dict[str, obj
     return {
         "backend": backend,
         "indexer": indexer,
+        "topk_method": topk_method,
         "batch": args.batch,
         "prompt_len": args.prompt_len,
         "context_length": args.context_length,
@@ -108,6 +155,7 @@ def probe(backend: str, indexer: str, args: argparse.Namespace) -> dict[str, obj
         "gpu_ms": round(statistics.median(gpu_ms), 4) if gpu_ms else None,
         "runner_ms": round(statistics.median(runner_ms), 4),
         "engine_ms": round(statistics.median(engine_ms), 4),
+        "sched_ms": round(statistics.median(sched_ms), 4),
         "compile": args.compile,
         "kernels": kernels,
     }
@@ -137,7 +185,9 @@ def profile_kernels(engine: Engine, rows: np.ndarray, steps: int) -> dict[str, o
 def main(argv: list[str] | None = None) -> int:
     """Run the forms asked and print one table row each; ``--json`` writes them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--form", action="append", help="BACKEND:INDEXER, e.g. mma:aware (repeat)")
+    parser.add_argument(
+        "--form", action="append", help="BACKEND:INDEXER[:TOPK_METHOD], e.g. mma:aware or mma:aware:split (repeat)"
+    )
     parser.add_argument("--model-path", type=Path, default=WIDE)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=8192)
@@ -150,14 +200,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     forms = args.form or ["mma:aware", "mma:naive", "simt:aware"]
     rows = []
-    print(f"{'form':<12} {'ctx':>7} {'B':>3} {'gpu ms':>8} {'runner ms':>10} {'engine ms':>10} {'prefill s':>10}")
+    print(
+        f"{'form':<16} {'ctx':>7} {'B':>3} {'gpu ms':>8} {'runner ms':>10} {'engine ms':>10} {'sched ms':>9} "
+        f"{'prefill s':>10}"
+    )
     for form in forms:
-        backend, indexer = form.split(":")
-        row = probe(backend, indexer, args)
+        backend, indexer, *method = form.split(":")
+        row = probe(backend, indexer, args, *method)
         rows.append(row)
         print(
-            f"{form:<12} {args.context_length:>7} {args.batch:>3} {row['gpu_ms']!s:>8} {row['runner_ms']:>10} "
-            f"{row['engine_ms']:>10} {row['prefill_s']:>10}",
+            f"{form:<16} {args.context_length:>7} {args.batch:>3} {row['gpu_ms']!s:>8} {row['runner_ms']:>10} "
+            f"{row['engine_ms']:>10} {row['sched_ms']:>9} {row['prefill_s']:>10}",
             flush=True,
         )
         kernels = row.get("kernels")

@@ -25,8 +25,8 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("campai
     pytest.skip("the reference server (and torch) are not installed here", allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def refserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def _serve(tmp_path_factory: pytest.TempPathFactory, *extra: str) -> Iterator[str]:
+    """A reference server on CPU (``extra`` flags added) until the generator is closed; yields its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -42,6 +42,7 @@ def refserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 "--disable-cuda-graph",
                 "--port",
                 str(port),
+                *extra,
             ],
             cwd=ROOT,
             stdin=subprocess.DEVNULL,
@@ -71,6 +72,17 @@ def refserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def refserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _serve(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def refserver_grouped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A reference server whose streams write their tokens four at a time (``--stream-interval 4``)."""
+    yield from _serve(tmp_path_factory, "--stream-interval", "4")
 
 
 def test_sweep_against_the_reference_server_yields_every_metric(refserver: str) -> None:
@@ -113,3 +125,24 @@ def test_completions_with_token_exact_prompts_and_ignore_eos(refserver: str) -> 
     assert [(r.prompt_tokens, r.output_tokens) for r in rows] == [(30, 6)] * 4
     assert lv.input_tokens == 4 * 30 and lv.output_tokens == 4 * 6
     assert lv.total_throughput == pytest.approx(lv.input_throughput + lv.output_throughput)
+
+
+@pytest.mark.parametrize("server", ["refserver", "refserver_grouped"])
+def test_every_token_after_the_first_gets_its_gap(server: str, request: pytest.FixtureRequest) -> None:
+    # With ignore_eos the arithmetic model writes its answer, then eos and other tokens that make no text, which
+    # no server streams; with a stream interval a write carries several tokens. Usage in every chunk tells the
+    # bench how many tokens each event stands for, so each token after the first has an ITL entry and the entries
+    # add up to the time from the first token to the last.
+    url = request.getfixturevalue(server)
+    rows: list[RequestRow] = []
+    settings = BenchSettings(concurrency=[2], requests=4, warmup=0, prompts="random", input_len=12, output_len=48)
+    result = run_bench(url, settings, on_request=rows.append)
+    assert result.passed
+    for row in rows:
+        assert row.output_tokens == 48
+        assert row.ttft_ms is not None and row.e2e_ms is not None
+        # The first token goes out alone, even with a stream interval (it dates TTFT); tokens read in the same
+        # piece as it would date no gap, hence the small allowance.
+        assert 48 - 3 <= len(row.itl_ms) + 1 <= 48, (server, len(row.itl_ms))
+        assert sum(row.itl_ms) <= row.e2e_ms - row.ttft_ms + 1e-6
+        assert sum(row.itl_ms) >= 0.8 * (row.e2e_ms - row.ttft_ms) - 5.0

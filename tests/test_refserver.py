@@ -376,7 +376,8 @@ def stream_reads(url: str, body: dict[str, object]) -> list[list[str]]:
 
 
 def test_a_stream_interval_writes_tokens_in_groups_with_the_same_answers(tmp_path: Path, server: Server) -> None:
-    # --stream-interval 4: a stream's tokens go out four at a time, in one write (each still its own event).
+    # --stream-interval 4: a stream's first token goes out at once (it dates TTFT), the rest four at a time, in one
+    # write (each still its own event).
     log = tmp_path / "refserver.log"
     port = free_port()
     proc = start_refserver([*CPU_ARGS, "--stream-interval", "4"], port=port, log_path=log)
@@ -387,9 +388,11 @@ def test_a_stream_interval_writes_tokens_in_groups_with_the_same_answers(tmp_pat
         grouped = [r for r in stream_reads(url, body) if r]
         one_by_one = [r for r in stream_reads(server.url, body) if r]
         text = "".join(t for read in grouped for t in read)
-        # The same text either way; ten tokens in at most three writes of up to four, then the finish.
+        # The same text either way; ten tokens in at most four writes (the first alone, then up to four each), and
+        # the finish event (text "") in one more.
         assert text == "".join(t for read in one_by_one for t in read) and text.startswith("391")
-        assert len(grouped) <= 4 < len(one_by_one)
+        assert len(grouped) <= 5 < len(one_by_one)
+        assert grouped[0] == ["3"]
         assert chat(url, "What is 17×23?", max_tokens=8).json()["choices"][0]["message"]["content"] == "391"
     finally:
         stop_refserver(proc)

@@ -182,7 +182,7 @@ def chat_payload(settings: BenchSettings, model: str, prompt: Prompt) -> bytes:
         "max_tokens": settings.effective_max_tokens(),
         "temperature": settings.temperature,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     if settings.effective_ignore_eos():
         body["ignore_eos"] = True
@@ -197,7 +197,7 @@ def completion_payload(settings: BenchSettings, model: str, prompt: Prompt) -> b
         "max_tokens": settings.effective_max_tokens(),
         "temperature": settings.temperature,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     if settings.effective_ignore_eos():
         body["ignore_eos"] = True

@@ -42,10 +42,14 @@ class ChatStream:
 
     Tokens that arrive together (one piece of the body: a server behind its engine writes what it has queued at
     once) share the gap since the previous arrival evenly, as SGLang's bench_serving counts a chunk of several
-    tokens, instead of one real gap and zeros; those that arrive with the first token date no gap at all.
+    tokens, instead of one real gap and zeros; those that arrive with the first token date no gap at all. An event
+    is one token unless the server sends usage in every chunk (``continuous_usage_stats``, which the bench asks
+    for): then it is as many as ``completion_tokens`` grew, so tokens that make no text (eos under ``ignore_eos``,
+    which servers do not stream) and chunks of several tokens (a stream interval) still get their share of the
+    time. Without it such tokens count in TPOT (from the final usage) but not in ITL, whose gaps then look longer.
     """
 
-    __slots__ = ("_buf", "_data", "_last", "_new", "finish", "record", "sent")
+    __slots__ = ("_buf", "_data", "_last", "_made", "_new", "finish", "record", "sent")
 
     def __init__(self, record: RequestRecord, sent: float) -> None:
         self.record = record
@@ -57,6 +61,8 @@ class ChatStream:
         self._last = sent
         #: Tokens of the piece being read that follow an earlier arrival (their gaps are set when it is read).
         self._new = 0
+        #: Completion tokens the server has counted so far, when it sends usage in every chunk.
+        self._made = 0
 
     def feed(self, chunk: bytes, now: float) -> bool:
         """Take one piece of the body, received at ``now``; True when the stream is over (``[DONE]`` or an error).
@@ -97,20 +103,28 @@ class ChatStream:
                 rec.message = error_message(err) or "error event in the stream"
                 return True
             choices = obj.get("choices")
+            usage = obj.get("usage")
             if choices:
                 ch = choices[0]
                 delta = ch.get("delta") or {}
                 # A chat chunk carries delta.content; a /v1/completions chunk carries text.
-                if delta.get("content") or ch.get("text"):
-                    if rec.ttft is None:
+                text = delta.get("content") or ch.get("text")
+                if usage and "completion_tokens" in usage:
+                    # Usage in every chunk (continuous_usage_stats): the event stands for every token made since
+                    # the last one, those that make no text (eos under ignore_eos) or share a chunk included.
+                    made = int(usage["completion_tokens"])
+                    tokens, self._made = made - self._made, made
+                else:
+                    tokens = 1 if text else 0
+                if rec.ttft is None:
+                    if text:
                         rec.ttft = now - self.sent
                         self._last = now
-                    elif self._last != now:
-                        self._new += 1
-                    rec.output_tokens += 1
+                elif tokens > 0 and self._last != now:
+                    self._new += tokens
+                rec.output_tokens += tokens
                 if ch.get("finish_reason"):
                     self.finish = ch["finish_reason"]
-            usage = obj.get("usage")
             if usage:
                 rec.output_tokens = int(usage.get("completion_tokens") or rec.output_tokens)
                 rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)

@@ -55,9 +55,10 @@ class Message(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    """OpenAI's ``stream_options``."""
+    """OpenAI's ``stream_options``, with vLLM's and SGLang's ``continuous_usage_stats`` (usage in every chunk)."""
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class ChatRequest(BaseModel):
@@ -268,13 +269,15 @@ def build_app(state: ServerState) -> FastAPI:
         queue: asyncio.Queue[tuple[int | None, str | None]] = asyncio.Queue()
         gen.sink = lambda token, reason: relay.put(queue, (token, reason))
         engine.submit(gen)
+        first = True  # the first token goes out at once, as SGLang's stream interval does: it dates TTFT
         try:
             while True:
                 batch = [await queue.get()]
                 while True:
                     while not queue.empty():  # behind the engine: what is queued goes out in one write
                         batch.append(queue.get_nowait())
-                    if len(batch) >= interval or batch[-1][1] is not None:
+                    if first or len(batch) >= interval or batch[-1][1] is not None:
+                        first = False
                         break
                     # A write per token and stream is what bounds a fast engine at high concurrency: gather more.
                     batch.append(await queue.get())
@@ -307,12 +310,33 @@ def build_app(state: ServerState) -> FastAPI:
         return parsed, gen
 
     def stream(
-        gen: GenRequest, head: dict[str, Any], first: dict[str, Any] | None, piece: PieceFn, done: DoneFn, usage: bool
+        gen: GenRequest,
+        head: dict[str, Any],
+        first: dict[str, Any] | None,
+        piece: PieceFn,
+        done: DoneFn,
+        options: StreamOptions | None,
     ) -> StreamingResponse:
-        """Server-sent events: ``first`` (if any), a ``piece`` per text token, ``done``, usage when asked, [DONE]."""
+        """Server-sent events: ``first`` (if any), a ``piece`` per text token, ``done``, usage when asked, [DONE].
+
+        With ``continuous_usage_stats`` every piece and ``done`` carry the usage so far (as vLLM and SGLang send it):
+        the completion tokens include those that make no text (eos under ``ignore_eos``), so a client can tell how
+        many tokens each event stands for.
+        """
+        usage = options is not None and options.include_usage
+        continuous = options is not None and options.continuous_usage_stats
+        prompt_len = len(gen.prompt)
 
         def event(payload: dict[str, Any]) -> str:
             return f"data: {json.dumps({**head, **payload})}\n\n"
+
+        def counted(text: str, completion: int) -> str:
+            # The event with the usage so far appended to its object (``text`` ends with "}\n\n").
+            total = prompt_len + completion
+            return (
+                f'{text[:-3]},"usage":{{"prompt_tokens":{prompt_len},"completion_tokens":{completion},'
+                f'"total_tokens":{total}}}}}\n\n'
+            )
 
         async def events() -> AsyncIterator[str]:
             if first is not None:
@@ -332,21 +356,22 @@ def build_app(state: ServerState) -> FastAPI:
                     if token is not None:
                         seen += 1
                         if token != EOS and gen.logprobs is not None:
-                            out.append(event(piece(token, gen.token_logprobs[seen - 1])))
+                            scored = event(piece(token, gen.token_logprobs[seen - 1]))
+                            out.append(counted(scored, seen) if continuous else scored)
                         elif token != EOS:
                             # Without log-probabilities a token's event is the same string every time: built once
                             # per stream (a few dozen ids), since at tens of streams this is the HTTP side's hot loop.
                             text = plain.get(token)
                             if text is None:
                                 text = plain[token] = event(piece(token, None))
-                            out.append(text)
+                            out.append(counted(text, seen) if continuous else text)
                     finish = reason
                 if out:
                     yield "".join(out)
                 if failed:
                     break
             if finish is not None:
-                yield event(done(finish))
+                yield counted(event(done(finish)), seen) if continuous else event(done(finish))
             if usage:
                 yield event({"choices": [], "usage": _usage(len(gen.prompt), len(gen.output))})
             yield "data: [DONE]\n\n"
@@ -386,8 +411,7 @@ def build_app(state: ServerState) -> FastAPI:
                 return {"choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}]}
 
             opening = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-            usage = chat.stream_options is not None and chat.stream_options.include_usage
-            return stream(gen, head, opening, piece, done, usage)
+            return stream(gen, head, opening, piece, done, chat.stream_options)
 
         reason = await finish(gen)
         if reason is None:
@@ -425,8 +449,7 @@ def build_app(state: ServerState) -> FastAPI:
             def done(reason: str) -> dict[str, Any]:
                 return {"choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": reason}]}
 
-            usage = req.stream_options is not None and req.stream_options.include_usage
-            return stream(gen, head, None, piece, done, usage)
+            return stream(gen, head, None, piece, done, req.stream_options)
 
         reason = await finish(gen)
         if reason is None:

@@ -70,6 +70,8 @@ class EngineArgs:
     #: Long-context models: which form of the indexer decode runs, and how many tokens it keeps (default the model's).
     indexer: str = "aware"
     index_topk: int | None = None
+    #: The aware indexer's top-k kernel: ``auto``, ``single`` (one program a row) or ``split`` (several a row).
+    index_topk_method: str = "auto"
     #: Weights and KV pool: ``auto`` keeps the weights file's dtype (fp32); ``bfloat16`` is what the MMA kernel's
     #: tensor cores take (with fp32 KV rows it multiplies in IEEE fp32 on CUDA cores).
     dtype: str = "auto"
@@ -135,7 +137,9 @@ class Engine:
         width = self.context_len
         if cfg.has_indexer:
             assert self.pool.index_rows is not None
-            self.index = IndexPool(self.pool.index_rows, self.pool.k_scale, args.indexer, self.index_topk)
+            self.index = IndexPool(
+                self.pool.index_rows, self.pool.k_scale, args.indexer, self.index_topk, args.index_topk_method
+            )
             width = -(-self.context_len // INDEX_PAGE)  # the page table: the naive form's work follows it
         self.runner = DecodeRunner(
             self.model,
@@ -152,7 +156,11 @@ class Engine:
         )
         self.runner.prepare()
         # What runs, after any fallback: the line campaign's effective-config check reads.
-        indexer = f"{args.indexer}, index_topk={self.index_topk}" if self.index is not None else "none"
+        indexer = (
+            f"{args.indexer}, index_topk={self.index_topk}, index_topk_method={args.index_topk_method}"
+            if self.index is not None
+            else "none"
+        )
         logger.info(
             f"max_total_num_tokens={self.pool.n_tokens}, max_running_requests={args.max_running_requests}, "
             f"context_len={self.context_len}, attention_backend={self.runner.backend}, "

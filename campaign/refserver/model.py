@@ -235,6 +235,8 @@ class IndexPool:
     k_scale: torch.Tensor
     mode: str
     topk: int
+    #: The aware form's top-k kernel (``mla_kernels.indexer_topk``'s ``method``: auto, single or split).
+    topk_method: str = "auto"
 
 
 #: The indexer's two forms in decode: mla_kernels' O(context) one, and the O(max_context) one a campaign must catch.
@@ -367,7 +369,7 @@ def select_slots(
     """``[B, topk]`` int32: the KV slots this layer's indexer keeps for each row (-1 pads), by ``index.mode``."""
     keys = index.keys[layer]
     slots: torch.Tensor = index_topk_op(
-        index.mode, q.to(keys.dtype), w.float(), keys, index.k_scale, page_table, lengths, index.topk
+        index.mode, q.to(keys.dtype), w.float(), keys, index.k_scale, page_table, lengths, index.topk, index.topk_method
     )
     return slots
 
@@ -404,12 +406,16 @@ def index_topk_op(
     page_table: torch.Tensor,
     lengths: torch.Tensor,
     topk: int,
+    method: str,
 ) -> torch.Tensor:
-    """mla_kernels' indexer in its ``mode`` form (``aware`` or ``naive``): ``[B, topk]`` int32 KV slots."""
+    """mla_kernels' indexer in its ``mode`` form (``aware`` or ``naive``): ``[B, topk]`` int32 KV slots; the aware
+    form selects with top-k kernel ``method``."""
     from mla_kernels import lightning_indexer, naive_indexer_topk
 
-    find = lightning_indexer if mode == "aware" else naive_indexer_topk
-    slots: torch.Tensor = find(q, w, keys, k_scale, page_table, lengths, topk)
+    if mode == "aware":
+        slots: torch.Tensor = lightning_indexer(q, w, keys, k_scale, page_table, lengths, topk, topk_method=method)
+    else:
+        slots = naive_indexer_topk(q, w, keys, k_scale, page_table, lengths, topk)
     return slots
 
 
@@ -423,6 +429,7 @@ def _index_topk_fake(
     page_table: torch.Tensor,
     lengths: torch.Tensor,
     topk: int,
+    method: str,
 ) -> torch.Tensor:
     return q.new_empty((q.shape[0], topk), dtype=torch.int32)
 

@@ -89,6 +89,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--index-topk", type=_positive, default=None, help="tokens the indexer keeps (default: the model's)")
     p.add_argument(
+        "--index-topk-method",
+        choices=["auto", "single", "split"],
+        default="auto",
+        help="the O(context) indexer's top-k kernel: one program a row (single), several (split), or by shape (auto)",
+    )
+    p.add_argument(
         "--dtype",
         choices=["auto", "float32", "bfloat16"],
         default="auto",
@@ -154,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "context_length": args.context_length,
         "indexer": args.indexer,
         "index_topk": args.index_topk,
+        "index_topk_method": args.index_topk_method,
         "dtype": args.dtype,
     }
     try:

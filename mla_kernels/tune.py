@@ -1,6 +1,6 @@
 """MMA decode tuning sweep on the GPU: many kernel variants, each timed like the benchmark and checked for accuracy.
 
-    python -m mla_kernels.tune [--json FILE] [--budget-s S] [--only NAME ...] [--round 1|2]
+    python -m mla_kernels.tune [--json FILE] [--budget-s S] [--only NAME ...] [--round 1|2|3]
 
 For every variant (a configuration plus a split target) and shape it reports the CUDA-graph median µs over rotating
 inputs (mla_kernels.bench's method: pool ≫ L2, enough input sets to exceed 8x L2), the same without the merge kernel
@@ -118,8 +118,19 @@ def variants(round: int = 1) -> list[Variant]:
         Variant("h128-vsplit-h64-n16-w4-s3", 128, 32, 4096, vs),
         Variant("h128-vsplit-h64-n16-w4-s3", 128, 128, 4096, vs),
     ]
+    # Round 3 (issue 15, H = 16 occupancy): the V split at 16 heads, one latent half of p·V a program, so that a
+    # program holds one 16 x 256 accumulator: 123-168 registers offline (the default: 232), three or four programs
+    # per SM instead of two; the pair's second gather of each tile should come from L2. The default beside them.
+    round3 = []
+    for b in (32, 128):
+        round3.append(Variant("default", 16, b, 4096, d16))
+        for n, st, pps in ((16, 6, 3), (16, 5, 4), (16, 4, 4), (32, 4, 3), (32, 5, 2)):
+            cfg = C(16, n, 4, st, halves=True, v_split=True, programs_per_sm=pps, whole_wave=True)
+            round3.append(Variant(f"vsplit-n{n}-w4-s{st}-pps{pps}", 16, b, 4096, cfg))
     if round == 2:
         return round2
+    if round == 3:
+        return round3
     out = [Variant(n, 16, 32, 4096, c) for n, c in h16.items()]
     out += [Variant(n, 128, 32, 4096, c) for n, c in h128.items()]
     out += [Variant(n, 16, 128, 4096, c) for n, c in h16.items() if "bf16p" not in n]
@@ -217,7 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="write all rows here as JSON")
     parser.add_argument("--budget-s", type=float, default=400.0, help="start no new variant after this many seconds")
     parser.add_argument("--only", nargs="*", default=None, help="run only the variants with these names")
-    parser.add_argument("--round", type=int, default=1, choices=[1, 2], help="which sweep (2: the later round)")
+    parser.add_argument(
+        "--round",
+        type=int,
+        default=1,
+        choices=[1, 2, 3],
+        help="which sweep (2: the later round; 3: the H = 16 V split)",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("mla_kernels.tune measures a CUDA GPU and none is visible", file=sys.stderr)

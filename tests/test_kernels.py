@@ -81,6 +81,8 @@ MMA_VARIANTS = {
     "pdl": mma.MmaConfig(16, 32, 4, 5, halves=True, pdl=True),
     # issue 15's H = 128 candidate: 64 heads as wgmma's M, each program one half of p·V
     "v-split": mma.MmaConfig(64, 16, 4, 3, halves=True, v_split=True, programs_per_sm=2, whole_wave=True),
+    # issue 15's H = 16 occupancy lead: the same V split at 16 heads (123 registers offline, three programs per SM)
+    "v-split-h16": mma.MmaConfig(16, 16, 4, 6, halves=True, v_split=True, programs_per_sm=3, whole_wave=True),
 }
 
 

@@ -331,12 +331,9 @@ def build_app(state: ServerState) -> FastAPI:
             return f"data: {json.dumps({**head, **payload})}\n\n"
 
         def counted(text: str, completion: int) -> str:
-            # The event with the usage so far appended to its object (``text`` ends with "}\n\n").
-            total = prompt_len + completion
-            return (
-                f'{text[:-3]},"usage":{{"prompt_tokens":{prompt_len},"completion_tokens":{completion},'
-                f'"total_tokens":{total}}}}}\n\n'
-            )
+            # The event with the usage so far appended to its object (``text`` ends with "}\n\n"), so that the
+            # cached text of a token's event serves here too.
+            return f'{text[:-3]}, "usage": {json.dumps(_usage(prompt_len, completion))}}}\n\n'
 
         async def events() -> AsyncIterator[str]:
             if first is not None:
@@ -371,7 +368,8 @@ def build_app(state: ServerState) -> FastAPI:
                 if failed:
                     break
             if finish is not None:
-                yield counted(event(done(finish)), seen) if continuous else event(done(finish))
+                last = event(done(finish))
+                yield counted(last, seen) if continuous else last
             if usage:
                 yield event({"choices": [], "usage": _usage(len(gen.prompt), len(gen.output))})
             yield "data: [DONE]\n\n"

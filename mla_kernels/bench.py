@@ -256,7 +256,18 @@ def decode_backends() -> list[tuple[str, Any, Any]]:
         ("simt-tiled-h8", simt_tiled, simt_tiled.HALF_HEADS_CONFIG),
         ("simt-tiled-s1", simt_tiled, simt_tiled.UNPIPELINED_CONFIG),
         ("mma", mma, None),
+        # Gluon wgmma kernel (issue 15): Hopper, 64k heads, bf16 only; rows it cannot run are left out.
+        ("mma-wg", _warpgroup_module(), None),
     ]
+
+
+def _warpgroup_module() -> Any:
+    """mla_kernels.warpgroup, or None where this Triton has no Gluon (the row is then skipped)."""
+    try:
+        from mla_kernels import warpgroup
+    except ImportError:
+        return None
+    return warpgroup
 
 
 def run_decode(
@@ -293,6 +304,8 @@ def run_decode(
                 for name, mod, cfg in decode_backends():
                     if name in skip:
                         continue
+                    if name == "mma-wg" and (mod is None or not mod.supports(case.q, kv, s.d_v)):
+                        continue
                     kw = {} if cfg is None else {"config": cfg}
                     calls = [
                         (lambda mod=mod, c=c, kw=kw: mod.decode(c.q, kv, c.indices, c.sm_scale, s.d_v, **kw))
@@ -305,6 +318,8 @@ def run_decode(
                     t = med * 1e-6
                     if name == "mma":
                         plan = mma.plan(case.q, s.topk, mma.default_config(h, s.d_v))
+                    elif name == "mma-wg":
+                        plan = mod.plan(case.q, s.topk, mod.WarpgroupConfig())
                     elif name == "simt":
                         plan = plan_splits(case.q, s.topk, simt.DEFAULT_CONFIG.block_n, b * h)
                     elif name.startswith("simt-tiled"):

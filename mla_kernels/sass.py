@@ -52,7 +52,12 @@ def compile_sm90(
     sig.update({k: "constexpr" for k in constexprs})
     hinted = [n for n, t in signature.items() if t.startswith("*") or n.startswith("stride") or n == "K"]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in hinted}
-    src = ASTSource(fn, sig, constexprs, attrs)
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(fn, sig, constexprs, attrs)
+    else:
+        src = ASTSource(fn, sig, constexprs, attrs)
     compiled = triton.compile(
         src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
     )
@@ -187,6 +192,27 @@ def mma_report(h: int, b: int, cfg: Any, k: int = 2048, d_qk: int = 576, d_v: in
     return rep
 
 
+def warpgroup_report(h: int, b: int, cfg: Any = None, k: int = 2048, d_qk: int = 576) -> dict[str, Any]:
+    """Compile the Gluon warpgroup kernel as it launches at H heads, B rows, top-k K on a 132-SM H200."""
+    import torch
+
+    from mla_kernels import warpgroup
+    from mla_kernels.merge import plan_splits
+
+    cfg = cfg or warpgroup.WarpgroupConfig()
+    q = torch.empty((b, h, d_qk), device="meta")
+    plan = plan_splits(
+        q, k, cfg.block_n, b * (h // warpgroup.HEADS_PER_PROGRAM), None, cfg.programs_per_sm, cfg.whole_wave, 132
+    )
+    constexprs = {
+        "TILES_PER_SPLIT": plan.tiles_per_split, "NUM_SPLITS": plan.num_splits, "BLOCK_N": cfg.block_n,
+        "NUM_BUF": cfg.num_buf, "DIRECT": plan.num_splits == 1, "SPLIT_P": cfg.split_p,
+    }  # fmt: skip
+    rep = compile_sm90(warpgroup._warpgroup_decode_kernel, _decode_signature("*bf16"), constexprs, 8, 1)
+    rep.update(H=h, B=b, config=asdict(cfg), splits=plan.num_splits, tiles_per_split=plan.tiles_per_split)
+    return rep
+
+
 CONFIGS = ("default", "half-heads", "unpipelined")
 SHAPES = ("16x32", "16x128", "128x32")
 
@@ -198,10 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", choices=CONFIGS, help="only these configurations")
     parser.add_argument("--shape", action="append", choices=SHAPES, help="only these heads x batch rows")
     parser.add_argument("--mma", action="store_true", help="instead: the MMA kernel's H = 128 V-split candidate")
+    parser.add_argument("--warpgroup", action="store_true", help="instead: the Gluon wgmma kernel at H = 128")
     args = parser.parse_args(argv)
     from mla_kernels import simt_tiled
 
-    if args.mma:
+    if args.warpgroup:
+        rows = [warpgroup_report(128, b) | {"name": "warpgroup"} for b in (32, 128)]
+    elif args.mma:
         from mla_kernels.tune import v_split_h128
 
         rows = [mma_report(128, b, v_split_h128()) | {"name": "v-split"} for b in (32, 128)]

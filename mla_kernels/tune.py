@@ -53,7 +53,7 @@ class Variant:
     h: int
     b: int
     context: int
-    cfg: Any  # mla_kernels.mma.MmaConfig
+    cfg: Any  # mla_kernels.mma.MmaConfig or mla_kernels.warpgroup.WarpgroupConfig
     num_splits: int | None = None  # None: the config's own plan
 
 
@@ -127,8 +127,26 @@ def variants(round: int = 1) -> list[Variant]:
         for n, st, pps in ((16, 6, 3), (16, 5, 4), (16, 4, 4), (32, 4, 3), (32, 5, 2)):
             cfg = C(16, n, 4, st, halves=True, v_split=True, programs_per_sm=pps, whole_wave=True)
             round3.append(Variant(f"vsplit-n{n}-w4-s{st}-pps{pps}", 16, b, 4096, cfg))
+    # Round 4 (issue 15, H >= 64): the Gluon warpgroup kernel (mla_kernels.warpgroup) against the V-split default:
+    # tile rows, tiles in flight, bf16 p, and one head group (H = 64).
+    from mla_kernels.warpgroup import WarpgroupConfig as W
+
+    round4 = []
+    for b in (32, 128):
+        round4.append(Variant("mma-default", 128, b, 4096, vs))
+        for name, wcfg in (
+            ("wg-n32-b3", W(block_n=32, num_buf=3)),
+            ("wg-n32-b3-bf16p", W(split_p=False)),
+            ("wg-n32-b4", W(block_n=32, num_buf=4)),
+            ("wg-n64-b2", W(block_n=64, num_buf=2)),
+            ("wg-n16-b6", W(block_n=16, num_buf=6)),
+        ):
+            round4.append(Variant(name, 128, b, 4096, wcfg))
+    round4 += [Variant("mma-default", 64, 32, 4096, default_config(64, 512)), Variant("wg-n32-b3", 64, 32, 4096, W(block_n=32, num_buf=3))]
     if round == 2:
         return round2
+    if round == 4:
+        return round4
     if round == 3:
         return round3
     out = [Variant(n, 16, 32, 4096, c) for n, c in h16.items()]
@@ -159,32 +177,34 @@ def run_variant(
     v: Variant, kv: torch.Tensor, cases: list[Any], refs: dict[float, Any], timer: Timer, ceil: dict
 ) -> dict:
     """Compile, check and time one variant; return its row."""
-    from mla_kernels import mma
+    from mla_kernels import mma, warpgroup
     from mla_kernels.accuracy import compare
     from mla_kernels.merge import outputs
 
+    # The Gluon kernel's module has the same functions as mma's.
+    mod: Any = warpgroup if isinstance(v.cfg, warpgroup.WarpgroupConfig) else mma
     s = FULL
     c0 = cases[0]
     ns = v.num_splits
-    asm = mma.matrix_instructions(c0.q, kv, c0.indices, c0.sm_scale, s.d_v, config=v.cfg, num_splits=ns)
+    asm = mod.matrix_instructions(c0.q, kv, c0.indices, c0.sm_scale, s.d_v, config=v.cfg, num_splits=ns)
     checks = {}
     for scale, (case, ref) in refs.items():
-        out, lse = mma.decode(case.q, kv, case.indices, scale, s.d_v, config=v.cfg, num_splits=ns)
+        out, lse = mod.decode(case.q, kv, case.indices, scale, s.d_v, config=v.cfg, num_splits=ns)
         checks[f"{scale:.4f}"] = compare(out[:2], lse[:2], *ref)
     calls = [
-        (lambda c=c: mma.decode(c.q, kv, c.indices, c.sm_scale, s.d_v, config=v.cfg, num_splits=ns)) for c in cases
+        (lambda c=c: mod.decode(c.q, kv, c.indices, c.sm_scale, s.d_v, config=v.cfg, num_splits=ns)) for c in cases
     ]
     med, p90 = timer.time_rotated(calls)
     # Graph replays twice more on the last inputs: a kernel that keeps state between calls would differ.
-    again = [mma.decode(c0.q, kv, c0.indices, c0.sm_scale, s.d_v, config=v.cfg, num_splits=ns) for _ in range(2)]
+    again = [mod.decode(c0.q, kv, c0.indices, c0.sm_scale, s.d_v, config=v.cfg, num_splits=ns) for _ in range(2)]
     repeat_ok = bool(torch.equal(again[0][0], again[1][0]) and torch.equal(again[0][1], again[1][1]))
-    plan = mma.plan(c0.q, s.topk, v.cfg, ns)
+    plan = mod.plan(c0.q, s.topk, v.cfg, ns)
     split_only = float("nan")
     if plan.num_splits > 1:
         # The split kernel alone, into buffers made outside the graph: the merge's share is the difference.
         bufs = [outputs(c.q, s.d_v, plan, None, None) for c in cases]
         only = [
-            (lambda c=c, o=o: mma._launch(c.q, kv, c.indices, c.sm_scale, s.d_v, v.cfg, plan, *o))
+            (lambda c=c, o=o: mod._launch(c.q, kv, c.indices, c.sm_scale, s.d_v, v.cfg, plan, *o))
             for c, o in zip(cases, bufs, strict=True)
         ]
         split_only, _ = timer.time_rotated(only)
@@ -232,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         "--round",
         type=int,
         default=1,
-        choices=[1, 2, 3],
-        help="which sweep (2: the later round; 3: the H = 16 V split)",
+        choices=[1, 2, 3, 4],
+        help="which sweep (2: the later round; 3: the H = 16 V split; 4: the Gluon warpgroup kernel)",
     )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

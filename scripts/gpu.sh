@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the H200 machine: install the carried wheels, then run the GPU checks and benchmarks.
-# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [kernels-quick] [kernels-bench] [longctx-model] [diagnose] [tune] [refserver] [train] [loop] [sla] [indexer] [ssh] [probe] [profile]
+# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [kernels-quick] [kernels-bench] [longctx-model] [diagnose] [tune] [refserver] [train] [loop] [sla] [indexer] [ssh] [probe] [profile] [warpgroup]
 # Results go under $OUT (or ./gpu-out when OUT is unset). Carry `.whl` (built by scripts/build_wheels.sh) with the call,
 # and `.deb` (scripts/build_debs.sh) for the `ssh` section.
 set -uo pipefail
@@ -57,6 +57,11 @@ for s in "${sections[@]}"; do
                timeout 60 python3 -m mla_kernels.tune --round 2 --only h128-vsplit-h64-n16-w4-s3 --budget-s 40 \
                  --json "$OUT/kernels-quick-vsplit.json" 2>&1 | tee "$OUT/kernels-quick-vsplit.txt" | grep -E "vsplit|ERROR" || rc=1
                grep -E 'ceilings|FAIL|failed' "$OUT/kernels-quick.txt"; tail -17 "$OUT/kernels-quick.txt" ;;
+    # warpgroup: the Gluon wgmma kernel's GPU tests (issue 15, H >= 64), then its tuning sweep against the V split.
+    warpgroup) timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_kernels_warpgroup.py \
+                 2>&1 | tee "$OUT/warpgroup-tests.log" | tail -15 || rc=1
+               timeout 300 python3 -m mla_kernels.tune --round 4 --budget-s "${TUNE_BUDGET_S:-240}" \
+                 --json "$OUT/tune4.json" 2>&1 | tee "$OUT/tune4.txt" | tail -16 || rc=1 ;;
     # tune: the MMA decode sweep (mla_kernels/tune.py; TUNE_ARGS adds options), then the decode GPU tests.
     tune)      timeout 480 python3 -m mla_kernels.tune --json "$OUT/tune.json" --budget-s "${TUNE_BUDGET_S:-360}" \
                  ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.txt" || rc=1

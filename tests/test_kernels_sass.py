@@ -56,3 +56,18 @@ def test_v_split_candidate_is_wgmma_with_heads_as_m_and_no_spills(tmp_path: Path
         # q·K is m64 (64 heads) x n16 (BLOCK_N rows); p·V is m64 x n256 (one half of the latent).
         assert set(rep["wgmma_shapes"]) == {"m64n16k16", "m64n256k16"}
         assert rep["spill_store_bytes"] == 0 and rep["spill_load_bytes"] == 0
+
+
+@needs_tools
+def test_warpgroup_kernel_is_wgmma_at_sm90_without_spills(tmp_path: Path) -> None:
+    pytest.importorskip("triton.experimental.gluon", reason="this Triton has no Gluon")
+    reps = offline(tmp_path, "--warpgroup")
+    assert [(r["H"], r["B"]) for r in reps] == [(128, 32), (128, 128)]
+    for rep in reps:
+        # Both products on warpgroup MMAs: 64 heads x 32 tile rows per warpgroup for q·K, 64 x 256 latent for p·V.
+        assert rep["ops"].get("HGMMA", 0) > 0 and rep["ops"].get("HMMA", 0) == 0
+        assert rep["wgmma_shapes"] == ["m64n256k16", "m64n32k16"]
+        assert rep["spill_store_bytes"] == 0 and rep["spill_load_bytes"] == 0
+        assert 0 < rep["registers"] <= 255
+        # q and two 64-row KV tiles in shared memory fit one program per SM (227 KB on Hopper).
+        assert rep["shared_bytes"] <= 227 * 1024

@@ -256,18 +256,10 @@ def decode_backends() -> list[tuple[str, Any, Any]]:
         ("simt-tiled-h8", simt_tiled, simt_tiled.HALF_HEADS_CONFIG),
         ("simt-tiled-s1", simt_tiled, simt_tiled.UNPIPELINED_CONFIG),
         ("mma", mma, None),
-        # Gluon wgmma kernel (issue 15): Hopper, 64k heads, bf16 only; rows it cannot run are left out.
-        ("mma-wg", _warpgroup_module(), None),
+        # The Triton tl.dot kernel at its own default, where "mma" runs the Gluon warpgroup kernel instead (H >= 64 on
+        # Hopper, issue 15); "mma-tl" rows are left out where the two are the same kernel.
+        ("mma-tl", mma, "default"),
     ]
-
-
-def _warpgroup_module() -> Any:
-    """mla_kernels.warpgroup, or None where this Triton has no Gluon (the row is then skipped)."""
-    try:
-        from mla_kernels import warpgroup
-    except ImportError:
-        return None
-    return warpgroup
 
 
 def run_decode(
@@ -304,8 +296,10 @@ def run_decode(
                 for name, mod, cfg in decode_backends():
                     if name in skip:
                         continue
-                    if name == "mma-wg" and (mod is None or not mod.supports(case.q, kv, s.d_v)):
-                        continue
+                    if name == "mma-tl":
+                        if not mma.uses_warpgroup(case.q, kv, s.d_v):
+                            continue
+                        cfg = mma.default_config(h, s.d_v)
                     kw = {} if cfg is None else {"config": cfg}
                     calls = [
                         (lambda mod=mod, c=c, kw=kw: mod.decode(c.q, kv, c.indices, c.sm_scale, s.d_v, **kw))
@@ -316,10 +310,12 @@ def run_decode(
                     med, p90 = timer.time_rotated(calls)
                     eager, _ = timer.time(calls[0])
                     t = med * 1e-6
-                    if name == "mma":
+                    if name == "mma" and mma.uses_warpgroup(case.q, kv, s.d_v):
+                        from mla_kernels import warpgroup
+
+                        plan = warpgroup.plan(case.q, s.topk, warpgroup.WarpgroupConfig())
+                    elif name.startswith("mma"):
                         plan = mma.plan(case.q, s.topk, mma.default_config(h, s.d_v))
-                    elif name == "mma-wg":
-                        plan = mod.plan(case.q, s.topk, mod.WarpgroupConfig())
                     elif name == "simt":
                         plan = plan_splits(case.q, s.topk, simt.DEFAULT_CONFIG.block_n, b * h)
                     elif name.startswith("simt-tiled"):
@@ -328,6 +324,8 @@ def run_decode(
                     split_bytes = 0 if splits == 1 else 2 * b * h * splits * (s.d_v + 1) * 4
                     row = {
                         "backend": name,
+                        # Which kernel the row timed: "mma" is the Gluon warpgroup kernel where it applies.
+                        "kernel": "warpgroup" if name == "mma" and mma.uses_warpgroup(case.q, kv, s.d_v) else name,
                         "H": h,
                         "B": b,
                         "L": context,

@@ -329,6 +329,22 @@ def plan(q: torch.Tensor, k: int, cfg: MmaConfig, num_splits: int | None = None)
     return plan_head_groups(q, k, cfg, num_splits, per_group=2 if cfg.v_split else 1)
 
 
+def uses_warpgroup(q: torch.Tensor, kv: torch.Tensor, d_v: int) -> bool:
+    """Return whether ``decode`` without a config runs these inputs on the Gluon warpgroup kernel.
+
+    It does on a Hopper GPU for bf16 inputs with 64k heads at DeepSeek's 576/512 widths (H200, 2026-12-04: 80.4 us
+    at H = 128, B = 32 against 157.3 for this module's V split), outside torch.compile (Inductor does not wrap Gluon
+    kernels) and wherever this Triton has Gluon.
+    """
+    if q.device.type != "cuda" or torch.compiler.is_compiling():
+        return False
+    try:
+        from mla_kernels import warpgroup
+    except ImportError:
+        return False
+    return bool(warpgroup.supports(q, kv, d_v))
+
+
 def decode(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -343,10 +359,15 @@ def decode(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the MMA kernel (and the merge when the top-k axis is split); return (out, lse) as the contract says.
 
-    ``config`` and ``num_splits`` override the defaults (the benchmark sweeps them); ``out`` and ``lse`` are
-    optional caller-owned buffers (static outputs for CUDA graphs; poisoned buffers in tests).
+    Without ``config``, inputs the Gluon warpgroup kernel takes go to it (``uses_warpgroup``). ``config`` and
+    ``num_splits`` override the defaults (the benchmark sweeps them); ``out`` and ``lse`` are optional caller-owned
+    buffers (static outputs for CUDA graphs; poisoned buffers in tests).
     """
     require_triton_device(q)
+    if config is None and uses_warpgroup(q, kv, d_v):
+        from mla_kernels import warpgroup
+
+        return warpgroup.decode(q, kv, indices, sm_scale, d_v, num_splits=num_splits, out=out, lse=lse)
     h = q.shape[1]
     cfg = config or default_config(h, d_v)
     q = q if q.stride(2) == 1 else q.contiguous()

@@ -132,17 +132,23 @@ def variants(round: int = 1) -> list[Variant]:
     from mla_kernels.warpgroup import WarpgroupConfig as W
 
     round4 = []
-    for b in (32, 128):
+    for b in (32, 64, 128):
         round4.append(Variant("mma-default", 128, b, 4096, vs))
         for name, wcfg in (
-            ("wg-n32-b3", W(block_n=32, num_buf=3)),
-            ("wg-n32-b3-bf16p", W(split_p=False)),
-            ("wg-n32-b4", W(block_n=32, num_buf=4)),
-            ("wg-n64-b2", W(block_n=64, num_buf=2)),
-            ("wg-n16-b6", W(block_n=16, num_buf=6)),
+            ("wg-n64-b2", W()),
+            ("wg-n64-b2-dup", W(dup_scores=True)),
+            ("wg-n32-b3-dup", W(block_n=32, num_buf=3, dup_scores=True)),
+            ("wg-n32-b4-dup", W(block_n=32, num_buf=4, dup_scores=True)),
+            ("wg-n32-b4-pipe-dup", W(block_n=32, num_buf=4, pipe=True, dup_scores=True)),
+            ("wg-n64-b2-dup-bf16p", W(dup_scores=True, split_p=False)),
+            ("wg-n32-b4-pipe", W(block_n=32, num_buf=4, pipe=True)),
         ):
             round4.append(Variant(name, 128, b, 4096, wcfg))
-    round4 += [Variant("mma-default", 64, 32, 4096, default_config(64, 512)), Variant("wg-n32-b3", 64, 32, 4096, W(block_n=32, num_buf=3))]
+    round4 += [
+        Variant("mma-default", 64, 32, 4096, default_config(64, 512)),
+        Variant("wg-n64-b2", 64, 32, 4096, W()),
+        Variant("wg-n64-b2-dup", 64, 32, 4096, W(dup_scores=True)),
+    ]
     if round == 2:
         return round2
     if round == 4:

@@ -148,8 +148,11 @@ PY
     # profile: Nsight Compute on one steady call of the H=16, B=32 MMA split kernel (when ncu is installed).
     profile)   ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
                if [ -z "$ncu_bin" ]; then echo "no ncu on this machine" | tee "$OUT/ncu.txt"
-               else timeout 150 "$ncu_bin" --kernel-name regex:_mma_decode_kernel --launch-skip 3 --launch-count 1 \
-                      --set full python3 scripts/ncu_mma.py >"$OUT/ncu.txt" 2>&1 || rc=1; tail -150 "$OUT/ncu.txt"; fi ;;
+               # PROFILE_HEADS=128 profiles the Gluon warpgroup kernel instead of the H = 16 tl.dot one.
+               else heads=${PROFILE_HEADS:-16}; kname=_mma_decode_kernel; [ "$heads" -ge 64 ] && kname=_warpgroup_decode_kernel
+                    timeout 150 "$ncu_bin" --kernel-name "regex:$kname" --launch-skip 3 --launch-count 1 \
+                      --set full python3 scripts/ncu_mma.py --heads "$heads" >"$OUT/ncu.txt" 2>&1 || rc=1
+                    tail -150 "$OUT/ncu.txt"; fi ;;
     *) echo "unknown section: $s (kernels, kernels-quick, kernels-bench, longctx-model, diagnose, tune, refserver, train, loop, sla, indexer, ssh, probe, profile)"; rc=2 ;;
   esac
 done

@@ -69,26 +69,33 @@ def test_gpu_matches_float64_reference(h: int, splits: int | None, sm_scale: flo
 @needs_hopper
 @pytest.mark.parametrize(
     "cfg",
-    [warpgroup.WarpgroupConfig(block_n=32, num_buf=3), warpgroup.WarpgroupConfig(block_n=32, num_buf=4),
-     warpgroup.WarpgroupConfig(block_n=16, num_buf=6)],
-    ids=["n32-b3", "n32-b4", "n16-b6"],
+    [warpgroup.WarpgroupConfig(block_n=32, num_buf=3), warpgroup.WarpgroupConfig(block_n=32, num_buf=4, pipe=True),
+     warpgroup.WarpgroupConfig(block_n=32, num_buf=3, pipe=True), warpgroup.WarpgroupConfig(block_n=16, num_buf=6),
+     warpgroup.WarpgroupConfig(dup_scores=True), warpgroup.WarpgroupConfig(block_n=32, num_buf=4, dup_scores=True),
+     warpgroup.WarpgroupConfig(block_n=32, num_buf=4, pipe=True, dup_scores=True)],
+    ids=["n32-b3", "n32-b4-pipe", "n32-b3-pipe", "n16-b6", "n64-b2-dup", "n32-b4-dup", "n32-b4-pipe-dup"],
 )  # fmt: skip
-def test_gpu_other_tiles_match_float64_reference(cfg: warpgroup.WarpgroupConfig) -> None:
-    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr(cfg).encode()))
-    case = decode_case(gen, b=2, h=128, d_qk=576, d_v=512, k=2048, n=100_000, half_rows=(1,), sm_scale=0.1352)
-    verdict = compare(*run_poisoned(case, config=cfg), *float64_reference(case))
+@pytest.mark.parametrize("splits", [None, 1, 5], ids=["plan", "one", "five"])
+def test_gpu_other_tiles_match_float64_reference(cfg: warpgroup.WarpgroupConfig, splits: int | None) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr((cfg, splits)).encode()))
+    case = decode_case(
+        gen, b=3, h=128, d_qk=576, d_v=512, k=2048, n=100_000, half_rows=(1,), invalid_rows=(2,), sm_scale=0.1352
+    )
+    verdict = compare(*run_poisoned(case, config=cfg, num_splits=splits), *float64_reference(case))
     assert verdict.ok, verdict
 
 
 @pytest.mark.gpu
 @needs_hopper
-def test_gpu_dominant_logit_in_the_last_split() -> None:
+@pytest.mark.parametrize("pipe", [False, True], ids=["plain", "pipe"])
+def test_gpu_dominant_logit_in_the_last_split(pipe: bool) -> None:
     # One row far above the rest, in the last slot: the merge must carry it across eight splits.
+    cfg = warpgroup.WarpgroupConfig(block_n=32, num_buf=4, pipe=True) if pipe else None
     gen = torch.Generator(device="cuda").manual_seed(3)
     case = decode_case(gen, b=2, h=128, d_qk=576, d_v=512, k=2000, n=100_000, sm_scale=0.1352)
     for r in range(2):
         case.kv[case.indices[r, -1]] = (case.q[r, 0].float() * 0.5).to(case.kv.dtype)
-    verdict = compare(*run_poisoned(case, num_splits=8), *float64_reference(case))
+    verdict = compare(*run_poisoned(case, num_splits=8, config=cfg), *float64_reference(case))
     assert verdict.ok, verdict
 
 
@@ -115,3 +122,20 @@ def test_gpu_cuda_graph_replay_follows_new_inputs() -> None:
     torch.cuda.synchronize()
     verdict = compare(out, lse, *float64_reference(fresh))
     assert verdict.ok, verdict
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_mma_backend_runs_the_warpgroup_kernel_at_128_heads() -> None:
+    import mla_kernels
+    from mla_kernels import mma
+
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    case = decode_case(gen, b=4, h=128, d_qk=576, d_v=512, k=2048, n=50_000, sm_scale=0.1352)
+    assert mma.uses_warpgroup(case.q, case.kv, 512)
+    routed = mla_kernels.sparse_mla_decode(case.q, case.kv, case.indices, case.sm_scale, "mma")
+    direct = warpgroup.decode(case.q, case.kv, case.indices, case.sm_scale, 512)
+    assert torch.equal(routed[0], direct[0]) and torch.equal(routed[1], direct[1])
+    # 16 heads stay on the Triton kernel.
+    small = decode_case(gen, b=2, h=16, d_qk=576, d_v=512, k=256, n=5_000)
+    assert not mma.uses_warpgroup(small.q, small.kv, 512)

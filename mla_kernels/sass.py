@@ -206,8 +206,7 @@ def warpgroup_report(h: int, b: int, cfg: Any = None, k: int = 2048, d_qk: int =
     )
     constexprs = {
         "TILES_PER_SPLIT": plan.tiles_per_split, "NUM_SPLITS": plan.num_splits, "BLOCK_N": cfg.block_n,
-        "NUM_BUF": cfg.num_buf, "DIRECT": plan.num_splits == 1, "SPLIT_P": cfg.split_p, "PIPE": cfg.pipe,
-        "DUP_S": cfg.dup_scores,
+        "NUM_BUF": cfg.num_buf, "DIRECT": plan.num_splits == 1, "SPLIT_P": cfg.split_p,
     }  # fmt: skip
     rep = compile_sm90(warpgroup._warpgroup_decode_kernel, _decode_signature("*bf16"), constexprs, 8, 1)
     rep.update(H=h, B=b, config=asdict(cfg), splits=plan.num_splits, tiles_per_split=plan.tiles_per_split)

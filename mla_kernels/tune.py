@@ -127,8 +127,10 @@ def variants(round: int = 1) -> list[Variant]:
         for n, st, pps in ((16, 6, 3), (16, 5, 4), (16, 4, 4), (32, 4, 3), (32, 5, 2)):
             cfg = C(16, n, 4, st, halves=True, v_split=True, programs_per_sm=pps, whole_wave=True)
             round3.append(Variant(f"vsplit-n{n}-w4-s{st}-pps{pps}", 16, b, 4096, cfg))
-    # Round 4 (issue 15, H >= 64): the Gluon warpgroup kernel (mla_kernels.warpgroup) against the V-split default:
-    # tile rows, tiles in flight, bf16 p, and one head group (H = 64).
+    # Round 4 (issue 15, H >= 64): the Gluon warpgroup kernel (mla_kernels.warpgroup) against the V split: tile rows
+    # and buffers, bf16 p, and one head group (H = 64). Two forms timed on 2026-12-04 and then removed, both slower
+    # at every B (docs/kernels.md): q·K of the next tile issued before the softmax, and scores computed by both
+    # warpgroups.
     from mla_kernels.warpgroup import WarpgroupConfig as W
 
     round4 = []
@@ -136,19 +138,13 @@ def variants(round: int = 1) -> list[Variant]:
         round4.append(Variant("mma-default", 128, b, 4096, vs))
         for name, wcfg in (
             ("wg-n64-b2", W()),
-            ("wg-n64-b2-dup", W(dup_scores=True)),
-            ("wg-n32-b3-dup", W(block_n=32, num_buf=3, dup_scores=True)),
-            ("wg-n32-b4-dup", W(block_n=32, num_buf=4, dup_scores=True)),
-            ("wg-n32-b4-pipe-dup", W(block_n=32, num_buf=4, pipe=True, dup_scores=True)),
-            ("wg-n64-b2-dup-bf16p", W(dup_scores=True, split_p=False)),
-            ("wg-n32-b4-pipe", W(block_n=32, num_buf=4, pipe=True)),
+            ("wg-n64-b2-bf16p", W(split_p=False)),
+            ("wg-n32-b3", W(block_n=32, num_buf=3)),
+            ("wg-n32-b4", W(block_n=32, num_buf=4)),
+            ("wg-n16-b6", W(block_n=16, num_buf=6)),
         ):
             round4.append(Variant(name, 128, b, 4096, wcfg))
-    round4 += [
-        Variant("mma-default", 64, 32, 4096, default_config(64, 512)),
-        Variant("wg-n64-b2", 64, 32, 4096, W()),
-        Variant("wg-n64-b2-dup", 64, 32, 4096, W(dup_scores=True)),
-    ]
+    round4 += [Variant("mma-default", 64, 32, 4096, default_config(64, 512)), Variant("wg-n64-b2", 64, 32, 4096, W())]
     if round == 2:
         return round2
     if round == 4:

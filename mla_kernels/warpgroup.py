@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy,
     fence_async_shared,
@@ -52,10 +51,6 @@ class WarpgroupConfig:
     num_buf: int = 2
     # p fed to p·V as bf16 hi + lo parts (as mla_kernels.mma): exact to 2^-17 for one more MMA per tile.
     split_p: bool = True
-    # Issue the next tile's q·K before this tile's softmax (needs num_buf >= 3, so 32-row tiles fit).
-    pipe: bool = False
-    # Every warpgroup computes all the scores itself (twice the q·K work, no exchange of max, sum or p).
-    dup_scores: bool = False
     programs_per_sm: int = 1
     whole_wave: bool = True
 
@@ -124,7 +119,7 @@ def _warpgroup_decode_kernel(
     q_ptr, kv_ptr, idx_ptr, out_ptr, lse_ptr, part_ptr, plse_ptr, scale_log2, H, N, K,
     stride_qb, stride_qh, stride_kv, stride_ib,
     TILES_PER_SPLIT: gl.constexpr, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-    DIRECT: gl.constexpr, SPLIT_P: gl.constexpr, PIPE: gl.constexpr, DUP_S: gl.constexpr,
+    DIRECT: gl.constexpr, SPLIT_P: gl.constexpr,
 ):  # fmt: skip
     """One (64-head group, row, split): online softmax over the split's tiles, both products on wgmma."""
     BLOCK_H: gl.constexpr = 64
@@ -134,16 +129,9 @@ def _warpgroup_decode_kernel(
 
     # Registers: the scores' accumulator split by rows of the tile, the output's by latent columns, between the two
     # warpgroups ([4, 2] warps: 4 along M, as wgmma needs, 2 along N).
-    if DUP_S:
-        # Both warpgroups compute all of the scores (warps [8, 1] over 64 rows: a broadcast), so the row max, the
-        # row sum and p need no exchange between them, for twice the q·K work.
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, BLOCK_N, 16]
-        )
-    else:
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16]
-        )
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16]
+    )
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     # Global loads: 16-byte vectors along a row.
@@ -183,74 +171,33 @@ def _warpgroup_decode_kernel(
     o = gl.zeros([BLOCK_H, D_LATENT], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     s_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    if PIPE:
-        # Software-pipelined: the scores of tile t+1 are issued before the softmax of tile t, so the tensor cores
-        # run p·V(t-1) and q·K(t+1) while the CUDA cores do the softmax (FlashAttention-3's intra-warpgroup overlap).
-        # Needs tiles t-1 (p·V in flight), t, t+1 and the next loads resident: NUM_BUF >= 3.
-        NPV: gl.constexpr = 2 if SPLIT_P else 1  # wgmma groups per p·V
-        l_acc = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)  # row sums reduced once, at the end
-        async_copy.wait_group(NUM_BUF - 2)  # tile 0
+    for t in range(TILES_PER_SPLIT):
+        buf = t % NUM_BUF
+        # Every warp is past tile t-1's products, so its buffer can take tile t + NUM_BUF - 1.
+        _cta_barrier()
+        _load_tile(kn_bufs, kr_bufs, (t + NUM_BUF - 1) % NUM_BUF, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv,
+                   N, end, first + (t + NUM_BUF - 1) * BLOCK_N, BLOCK_N, row_layout, lat_layout,
+                   rope_layout)  # fmt: skip
+        async_copy.wait_group(NUM_BUF - 1)
+        # Each thread waited for its own copies; the barrier makes all of them visible, the fence to wgmma's proxy.
         _cta_barrier()
         fence_async_shared()
-        s_cur = _scores(qn_smem, qr_smem, kn_bufs.index(0), kr_bufs.index(0), s_zero)
-        s_cur = warpgroup_mma_wait(num_outstanding=0, deps=(s_cur,))
-        o = hopper.warpgroup_mma_init(o)  # o crosses iterations as an in-flight accumulator
-        for t in range(TILES_PER_SPLIT):
-            pos = first + t * BLOCK_N + s_cols
-            idx = gl.load(idx_ptr + pid_b * stride_ib + pos, mask=pos < end, other=-1)
-            # Tile t+1 (committed NUM_BUF - 3 groups ago or earlier) has landed in every thread's view.
-            async_copy.wait_group(NUM_BUF - 3)
-            _cta_barrier()
-            fence_async_shared()
-            nbuf = (t + 1) % NUM_BUF
-            s_next = _scores(qn_smem, qr_smem, kn_bufs.index(nbuf), kr_bufs.index(nbuf), s_zero)
-            valid = (idx >= 0) & (idx < N)
-            s = gl.where(valid[None, :], s_cur * scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s - m_new[:, None])
-            l_acc = l_acc * alpha[:, None] + p
-            m_i = m_new
-            # p·V(t-1) done (q·K(t+1), two groups, may still run); then o can be rescaled.
-            o = warpgroup_mma_wait(num_outstanding=2, deps=(o,))
-            o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            o = _pv(p, kn_bufs.index(t % NUM_BUF), o, p_layout, SPLIT_P)
-            # Every warpgroup is past p·V(t-1): tile t-1's buffer takes tile t + NUM_BUF - 1.
-            _cta_barrier()
-            _load_tile(kn_bufs, kr_bufs, (t + NUM_BUF - 1) % NUM_BUF, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv,
-                       N, end, first + (t + NUM_BUF - 1) * BLOCK_N, BLOCK_N, row_layout, lat_layout,
-                       rope_layout)  # fmt: skip
-            s_cur = warpgroup_mma_wait(num_outstanding=NPV, deps=(s_next,))
+        kn = kn_bufs.index(buf)
+        kr = kr_bufs.index(buf)
+        s = _scores(qn_smem, qr_smem, kn, kr, s_zero)
+        pos = first + t * BLOCK_N + s_cols
+        idx = gl.load(idx_ptr + pid_b * stride_ib + pos, mask=pos < end, other=-1)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        valid = (idx >= 0) & (idx < N)
+        s = gl.where(valid[None, :], s * scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        o = _pv(p, kn, o, p_layout, SPLIT_P)
         o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
-        l_i = gl.sum(l_acc, axis=1)
-    else:
-        for t in range(TILES_PER_SPLIT):
-            buf = t % NUM_BUF
-            # Every warp is past tile t-1's products, so its buffer can take tile t + NUM_BUF - 1.
-            _cta_barrier()
-            _load_tile(kn_bufs, kr_bufs, (t + NUM_BUF - 1) % NUM_BUF, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv,
-                       N, end, first + (t + NUM_BUF - 1) * BLOCK_N, BLOCK_N, row_layout, lat_layout,
-                       rope_layout)  # fmt: skip
-            async_copy.wait_group(NUM_BUF - 1)
-            # Each thread waited for its own copies; the barrier makes all of them visible, the fence to wgmma's proxy.
-            _cta_barrier()
-            fence_async_shared()
-            kn = kn_bufs.index(buf)
-            kr = kr_bufs.index(buf)
-            s = _scores(qn_smem, qr_smem, kn, kr, s_zero)
-            pos = first + t * BLOCK_N + s_cols
-            idx = gl.load(idx_ptr + pid_b * stride_ib + pos, mask=pos < end, other=-1)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            valid = (idx >= 0) & (idx < N)
-            s = gl.where(valid[None, :], s * scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            o = _pv(p, kn, o, p_layout, SPLIT_P)
-            o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
     async_copy.wait_group(0)
 
     ok = l_i > 0.0
@@ -328,7 +275,7 @@ def _launch(
         q, kv, indices, out, lse, part, plse, sm_scale * LOG2E, h, kv.shape[0], indices.shape[1],
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
         TILES_PER_SPLIT=plan.tiles_per_split, NUM_SPLITS=plan.num_splits, BLOCK_N=cfg.block_n,
-        NUM_BUF=cfg.num_buf, DIRECT=plan.num_splits == 1, SPLIT_P=cfg.split_p, PIPE=cfg.pipe, DUP_S=cfg.dup_scores,
+        NUM_BUF=cfg.num_buf, DIRECT=plan.num_splits == 1, SPLIT_P=cfg.split_p,
         num_warps=8,
     )  # fmt: skip
 

@@ -69,11 +69,9 @@ def test_gpu_matches_float64_reference(h: int, splits: int | None, sm_scale: flo
 @needs_hopper
 @pytest.mark.parametrize(
     "cfg",
-    [warpgroup.WarpgroupConfig(block_n=32, num_buf=3), warpgroup.WarpgroupConfig(block_n=32, num_buf=4, pipe=True),
-     warpgroup.WarpgroupConfig(block_n=32, num_buf=3, pipe=True), warpgroup.WarpgroupConfig(block_n=16, num_buf=6),
-     warpgroup.WarpgroupConfig(dup_scores=True), warpgroup.WarpgroupConfig(block_n=32, num_buf=4, dup_scores=True),
-     warpgroup.WarpgroupConfig(block_n=32, num_buf=4, pipe=True, dup_scores=True)],
-    ids=["n32-b3", "n32-b4-pipe", "n32-b3-pipe", "n16-b6", "n64-b2-dup", "n32-b4-dup", "n32-b4-pipe-dup"],
+    [warpgroup.WarpgroupConfig(block_n=32, num_buf=3), warpgroup.WarpgroupConfig(block_n=32, num_buf=4),
+     warpgroup.WarpgroupConfig(block_n=16, num_buf=6)],
+    ids=["n32-b3", "n32-b4", "n16-b6"],
 )  # fmt: skip
 @pytest.mark.parametrize("splits", [None, 1, 5], ids=["plan", "one", "five"])
 def test_gpu_other_tiles_match_float64_reference(cfg: warpgroup.WarpgroupConfig, splits: int | None) -> None:
@@ -87,10 +85,10 @@ def test_gpu_other_tiles_match_float64_reference(cfg: warpgroup.WarpgroupConfig,
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("pipe", [False, True], ids=["plain", "pipe"])
-def test_gpu_dominant_logit_in_the_last_split(pipe: bool) -> None:
+@pytest.mark.parametrize("block_n", [64, 32])
+def test_gpu_dominant_logit_in_the_last_split(block_n: int) -> None:
     # One row far above the rest, in the last slot: the merge must carry it across eight splits.
-    cfg = warpgroup.WarpgroupConfig(block_n=32, num_buf=4, pipe=True) if pipe else None
+    cfg = warpgroup.WarpgroupConfig(block_n=block_n, num_buf=128 // block_n)
     gen = torch.Generator(device="cuda").manual_seed(3)
     case = decode_case(gen, b=2, h=128, d_qk=576, d_v=512, k=2000, n=100_000, sm_scale=0.1352)
     for r in range(2):

@@ -210,9 +210,12 @@ def launch_floor(timer: Timer) -> dict[str, float]:
     return {"eager_us": timer.time(two)[0], "graph_us": timer.time_graph(two)}
 
 
-def bench_decode_case(gen: torch.Generator, b: int, h: int, context: int, s: Shapes) -> Any:
+def bench_decode_case(gen: torch.Generator, b: int, h: int, context: int, s: Shapes, order: str = "random") -> Any:
     """q, the shared pool and per-row indices: each row's context is ``context`` tokens on random pages of the pool,
-    and its top-k are distinct tokens of that context (-1 past the context when it is shorter than top-k)."""
+    and its top-k are distinct tokens of that context (-1 past the context when it is shorter than top-k).
+
+    ``order`` "random" lists a row's picks in random order (FlashMLA's benchmark); "position" in context order, as
+    ``indexer_topk`` emits them (runs of ascending slots within each page)."""
     from mla_kernels.cases import DecodeCase
 
     dev = gen.device
@@ -222,7 +225,8 @@ def bench_decode_case(gen: torch.Generator, b: int, h: int, context: int, s: Sha
     for _ in range(b):
         own = torch.randperm(pages, generator=gen, device=dev)[: max(1, context // 64)]
         tokens = (own[:, None] * 64 + torch.arange(64, device=dev)).reshape(-1)[:context]
-        pick = tokens[torch.randperm(tokens.numel(), generator=gen, device=dev)[: s.topk]]
+        chosen = torch.randperm(tokens.numel(), generator=gen, device=dev)[: s.topk]
+        pick = tokens[chosen.sort().values if order == "position" else chosen]
         row = torch.full((s.topk,), -1, dtype=torch.int64, device=dev)
         row[: pick.numel()] = pick
         rows.append(row)
@@ -269,6 +273,7 @@ def run_decode(
     device: str,
     pairs: set[tuple[int, int]] | None = None,
     skip: frozenset[str] = frozenset(),
+    order: str = "random",
 ) -> list[dict[str, Any]]:
     """Time every backend but ``skip`` on every decode shape (only the (H, B) ``pairs`` when given); spot-check every
     backend's first rows against float64."""
@@ -286,7 +291,7 @@ def run_decode(
             for context in s.contexts:
                 k_valid = min(s.topk, context)
                 nbytes, flops = decode_bytes_flops(b, h, k_valid, s)
-                cases = [bench_decode_case(gen, b, h, context, s) for _ in range(rotation(nbytes, device))]
+                cases = [bench_decode_case(gen, b, h, context, s, order) for _ in range(rotation(nbytes, device))]
                 case = cases[0]
                 t_mem = nbytes / ceil["copy_bytes_per_s"]
                 t_tc = flops / ceil["bf16_flops_per_s"]
@@ -330,6 +335,7 @@ def run_decode(
                         "B": b,
                         "L": context,
                         "K_valid": k_valid,
+                        "index_order": order,
                         "median_us": med,
                         "p90_us": p90,
                         "rotation": len(cases),
@@ -522,6 +528,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes; runs on CPU under TRITON_INTERPRET=1")
     parser.add_argument("--quick", action="store_true", help="decode only, at the shapes the goals are judged at")
     parser.add_argument("--skip", action="append", default=[], choices=["decode", "indexer"], help="leave a part out")
+    parser.add_argument(
+        "--index-order",
+        choices=["random", "position"],
+        default="random",
+        help="order of each row's top-k indices: random (FlashMLA's benchmark) or position (as indexer_topk emits)",
+    )
+    parser.add_argument(
+        "--backends", help="comma-separated decode rows to time (default: all); e.g. mma,mma-tl: the MMA kernels"
+    )
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
@@ -532,9 +547,18 @@ def main(argv: list[str] | None = None) -> int:
     shapes = SMOKE if args.smoke else QUICK if args.quick else FULL
     pairs = QUICK_PAIRS if args.quick and not args.smoke else None
     skip = frozenset(QUICK_SKIP if args.quick else ())
+    if args.backends:
+        names = {n for n, _, _ in decode_backends()}
+        wanted = set(args.backends.split(","))
+        if not wanted <= names:
+            print(f"--backends: unknown {', '.join(sorted(wanted - names))}; choose from {', '.join(sorted(names))}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        skip = frozenset(names - wanted)
     device = "cuda" if cuda else "cpu"
     timer = Timer(cuda)
     report: dict[str, Any] = {"environment": environment(cuda), "shapes": asdict(shapes)}
+    report["index_order"] = args.index_order
     report["ceilings"] = ceil = measure_ceilings(timer, device)
     print(
         f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['bf16_flops_per_s'] / 1e12:.0f}"
@@ -549,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"instructions: {report['instructions']}", flush=True)
     sections: list[tuple[str, Callable[[], Any]]] = []
     if "decode" not in args.skip:
-        sections.append(("decode", lambda: run_decode(timer, shapes, ceil, device, pairs, skip)))
+        sections.append(("decode", lambda: run_decode(timer, shapes, ceil, device, pairs, skip, args.index_order)))
     if "indexer" not in args.skip and not args.quick:
         sections.append(("indexer", lambda: run_indexer(timer, shapes, ceil, device)))
     if args.sweep and cuda:

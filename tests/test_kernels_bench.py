@@ -53,3 +53,21 @@ def test_without_a_gpu_it_says_so_and_exits_2() -> None:
     res = bench()
     assert res.returncode == 2
     assert "CUDA GPU" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_position_order_and_a_subset_of_backends(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    res = bench(
+        "--smoke", "--skip", "indexer", "--backends", "torch,mma", "--index-order", "position", "--json", str(out)
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["index_order"] == "position"
+    assert [(r["backend"], r["index_order"]) for r in report["decode"]] == [("torch", "position"), ("mma", "position")]
+    assert all(r["check_ok"] for r in report["decode"])
+
+
+def test_an_unknown_backend_is_named_with_the_choices() -> None:
+    res = bench("--smoke", "--backends", "mma,wgmma")
+    assert res.returncode == 2
+    assert "unknown wgmma" in res.stderr and "mma-tl" in res.stderr and "Traceback" not in res.stderr

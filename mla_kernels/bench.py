@@ -260,8 +260,8 @@ def decode_backends() -> list[tuple[str, Any, Any]]:
         ("simt-tiled-h8", simt_tiled, simt_tiled.HALF_HEADS_CONFIG),
         ("simt-tiled-s1", simt_tiled, simt_tiled.UNPIPELINED_CONFIG),
         ("mma", mma, None),
-        # The Triton tl.dot kernel at its own default, where "mma" runs the Gluon warpgroup kernel instead (H >= 64 on
-        # Hopper, issue 15); "mma-tl" rows are left out where the two are the same kernel.
+        # The Triton tl.dot kernel at its own default, where "mma" runs a Gluon kernel instead (on Hopper, issue 15);
+        # "mma-tl" rows are left out where the two are the same kernel.
         ("mma-tl", mma, "default"),
     ]
 
@@ -301,8 +301,9 @@ def run_decode(
                 for name, mod, cfg in decode_backends():
                     if name in skip:
                         continue
+                    gluon_kernel = mma.gluon_module(case.q, kv, s.d_v)
                     if name == "mma-tl":
-                        if not mma.uses_warpgroup(case.q, kv, s.d_v):
+                        if gluon_kernel is None:
                             continue
                         cfg = mma.default_config(h, s.d_v)
                     kw = {} if cfg is None else {"config": cfg}
@@ -315,10 +316,8 @@ def run_decode(
                     med, p90 = timer.time_rotated(calls)
                     eager, _ = timer.time(calls[0])
                     t = med * 1e-6
-                    if name == "mma" and mma.uses_warpgroup(case.q, kv, s.d_v):
-                        from mla_kernels import warpgroup
-
-                        plan = warpgroup.plan(case.q, s.topk, warpgroup.WarpgroupConfig())
+                    if name == "mma" and gluon_kernel is not None:
+                        plan = gluon_kernel.plan(case.q, s.topk)
                     elif name.startswith("mma"):
                         plan = mma.plan(case.q, s.topk, mma.default_config(h, s.d_v))
                     elif name == "simt":
@@ -329,8 +328,8 @@ def run_decode(
                     split_bytes = 0 if splits == 1 else 2 * b * h * splits * (s.d_v + 1) * 4
                     row = {
                         "backend": name,
-                        # Which kernel the row timed: "mma" is the Gluon warpgroup kernel where it applies.
-                        "kernel": "warpgroup" if name == "mma" and mma.uses_warpgroup(case.q, kv, s.d_v) else name,
+                        # Which kernel the row timed: "mma" is a Gluon kernel where one applies.
+                        "kernel": gluon_kernel.__name__.rsplit(".", 1)[-1] if name == "mma" and gluon_kernel else name,
                         "H": h,
                         "B": b,
                         "L": context,

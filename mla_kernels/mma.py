@@ -329,20 +329,26 @@ def plan(q: torch.Tensor, k: int, cfg: MmaConfig, num_splits: int | None = None)
     return plan_head_groups(q, k, cfg, num_splits, per_group=2 if cfg.v_split else 1)
 
 
-def uses_warpgroup(q: torch.Tensor, kv: torch.Tensor, d_v: int) -> bool:
-    """Return whether ``decode`` without a config runs these inputs on the Gluon warpgroup kernel.
+def gluon_module(q: torch.Tensor, kv: torch.Tensor, d_v: int) -> Any:
+    """Return the Gluon kernel module ``decode`` without a config runs these inputs on, or None for the tl.dot kernels.
 
-    It does on a Hopper GPU for bf16 inputs with 64k heads at DeepSeek's 576/512 widths (H200, 2026-12-04: 80.4 us
-    at H = 128, B = 32 against 157.3 for this module's V split), outside torch.compile (Inductor does not wrap Gluon
-    kernels) and wherever this Triton has Gluon.
+    On a Hopper GPU, for bf16 inputs at DeepSeek's 576/512 widths (H200, 2026-12-04, docs/kernels.md): 64k heads go
+    to ``warpgroup`` (80.7 us at H = 128, B = 32, against 156.8 for this module's V split) and 16 heads or fewer to
+    ``mmasync`` (33.8 against 35.2 us at H = 16, B = 32). Never while torch.compile traces (Inductor does not wrap
+    Gluon kernels), nor where this Triton has no Gluon.
     """
     if q.device.type != "cuda" or torch.compiler.is_compiling():
-        return False
+        return None
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        return None
     try:
-        from mla_kernels import warpgroup
+        from mla_kernels import mmasync, warpgroup
     except ImportError:
-        return False
-    return bool(warpgroup.supports(q, kv, d_v))
+        return None
+    for module in (warpgroup, mmasync):
+        if module.supports(q, kv, d_v):
+            return module
+    return None
 
 
 def decode(
@@ -359,15 +365,15 @@ def decode(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the MMA kernel (and the merge when the top-k axis is split); return (out, lse) as the contract says.
 
-    Without ``config``, inputs the Gluon warpgroup kernel takes go to it (``uses_warpgroup``). ``config`` and
+    Without ``config``, inputs a Gluon kernel takes go to it (``gluon_module``). ``config`` and
     ``num_splits`` override the defaults (the benchmark sweeps them); ``out`` and ``lse`` are optional caller-owned
     buffers (static outputs for CUDA graphs; poisoned buffers in tests).
     """
     require_triton_device(q)
-    if config is None and uses_warpgroup(q, kv, d_v):
-        from mla_kernels import warpgroup
-
-        return warpgroup.decode(q, kv, indices, sm_scale, d_v, num_splits=num_splits, out=out, lse=lse)
+    if config is None:
+        gluon_kernel = gluon_module(q, kv, d_v)
+        if gluon_kernel is not None:
+            return gluon_kernel.decode(q, kv, indices, sm_scale, d_v, num_splits=num_splits, out=out, lse=lse)
     h = q.shape[1]
     cfg = config or default_config(h, d_v)
     q = q if q.stride(2) == 1 else q.contiguous()

@@ -213,6 +213,25 @@ def warpgroup_report(h: int, b: int, cfg: Any = None, k: int = 2048, d_qk: int =
     return rep
 
 
+def mmasync_report(b: int, cfg: Any = None, k: int = 2048, d_qk: int = 576) -> dict[str, Any]:
+    """Compile the Gluon mma.sync kernel (16 heads) as it launches at B rows, top-k K on a 132-SM H200."""
+    import torch
+
+    from mla_kernels import mmasync
+    from mla_kernels.merge import plan_splits
+
+    cfg = cfg or mmasync.SyncConfig()
+    q = torch.empty((b, 16, d_qk), device="meta")
+    plan = plan_splits(q, k, cfg.block_n, b, None, cfg.programs_per_sm, cfg.whole_wave, 132)
+    constexprs = {
+        "TILES_PER_SPLIT": plan.tiles_per_split, "NUM_SPLITS": plan.num_splits, "BLOCK_N": cfg.block_n,
+        "NUM_BUF": cfg.num_buf, "DIRECT": plan.num_splits == 1, "SPLIT_P": cfg.split_p,
+    }  # fmt: skip
+    rep = compile_sm90(mmasync._mmasync_decode_kernel, _decode_signature("*bf16"), constexprs, 4, 1)
+    rep.update(H=16, B=b, config=asdict(cfg), splits=plan.num_splits, tiles_per_split=plan.tiles_per_split)
+    return rep
+
+
 CONFIGS = ("default", "half-heads", "unpipelined")
 SHAPES = ("16x32", "16x128", "128x32")
 
@@ -225,11 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", action="append", choices=SHAPES, help="only these heads x batch rows")
     parser.add_argument("--mma", action="store_true", help="instead: the MMA kernel's H = 128 V-split candidate")
     parser.add_argument("--warpgroup", action="store_true", help="instead: the Gluon wgmma kernel at H = 128")
+    parser.add_argument("--mmasync", action="store_true", help="instead: the Gluon mma.sync kernel at H = 16")
     args = parser.parse_args(argv)
     from mla_kernels import simt_tiled
 
     if args.warpgroup:
         rows = [warpgroup_report(128, b) | {"name": "warpgroup"} for b in (32, 128)]
+    elif args.mmasync:
+        rows = [mmasync_report(b) | {"name": "mmasync"} for b in (32, 128)]
     elif args.mma:
         from mla_kernels.tune import v_split_h128
 
@@ -260,7 +282,7 @@ def _line(rep: dict[str, Any]) -> str:
         f"per tile: {t['instructions']} instr, {t['FFMA']} FFMA ({100 * t['ffma_share']:.0f}%), {t['prmt_shf']} "
         f"PRMT+SHF, {t['LDS']} LDS"
         if t
-        else f"wgmma {','.join(rep['wgmma_shapes'])}"
+        else f"wgmma {','.join(rep['wgmma_shapes']) or '-'}"
     )
     resident = f" programs/SM {rep['programs_per_sm_by_registers']}" if "programs_per_sm_by_registers" in rep else ""
     return (

@@ -53,7 +53,7 @@ class Variant:
     h: int
     b: int
     context: int
-    cfg: Any  # mla_kernels.mma.MmaConfig or mla_kernels.warpgroup.WarpgroupConfig
+    cfg: Any  # MmaConfig, or a Gluon kernel's: warpgroup.WarpgroupConfig, mmasync.SyncConfig
     num_splits: int | None = None  # None: the config's own plan
 
 
@@ -145,6 +145,23 @@ def variants(round: int = 1) -> list[Variant]:
         ):
             round4.append(Variant(name, 128, b, 4096, wcfg))
     round4 += [Variant("mma-default", 64, 32, 4096, default_config(64, 512)), Variant("wg-n64-b2", 64, 32, 4096, W())]
+    # Round 5 (issue 15, H = 16): the Gluon mma.sync kernel (mla_kernels.mmasync), q in shared memory: 132 registers
+    # offline, so three programs per SM where the tl.dot default fits two.
+    from mla_kernels.mmasync import SyncConfig as Y
+
+    round5 = []
+    for b in (32, 64, 128):
+        round5.append(Variant("mma-default", 16, b, 4096, d16))
+        for name, ycfg in (
+            ("sync-n16-b3-pps3", Y()),
+            ("sync-n16-b2-pps4", Y(num_buf=2, programs_per_sm=4)),
+            ("sync-n16-b2-pps3", Y(num_buf=2)),
+            ("sync-n32-b2-pps2", Y(block_n=32, num_buf=2, programs_per_sm=2)),
+            ("sync-n16-b3-pps3-bf16p", Y(split_p=False)),
+        ):
+            round5.append(Variant(name, 16, b, 4096, ycfg))
+    if round == 5:
+        return round5
     if round == 2:
         return round2
     if round == 4:
@@ -179,12 +196,16 @@ def run_variant(
     v: Variant, kv: torch.Tensor, cases: list[Any], refs: dict[float, Any], timer: Timer, ceil: dict
 ) -> dict:
     """Compile, check and time one variant; return its row."""
-    from mla_kernels import mma, warpgroup
+    from mla_kernels import mma, mmasync, warpgroup
     from mla_kernels.accuracy import compare
     from mla_kernels.merge import outputs
 
-    # The Gluon kernel's module has the same functions as mma's.
-    mod: Any = warpgroup if isinstance(v.cfg, warpgroup.WarpgroupConfig) else mma
+    # The Gluon kernels' modules have the same functions as mma's.
+    mod: Any = mma
+    if isinstance(v.cfg, warpgroup.WarpgroupConfig):
+        mod = warpgroup
+    elif isinstance(v.cfg, mmasync.SyncConfig):
+        mod = mmasync
     s = FULL
     c0 = cases[0]
     ns = v.num_splits
@@ -254,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         "--round",
         type=int,
         default=1,
-        choices=[1, 2, 3, 4],
-        help="which sweep (2: the later round; 3: the H = 16 V split; 4: the Gluon warpgroup kernel)",
+        choices=[1, 2, 3, 4, 5],
+        help="which sweep (2: later round; 3: H = 16 V split; 4: Gluon warpgroup kernel; 5: Gluon mma.sync kernel)",
     )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

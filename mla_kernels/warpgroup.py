@@ -216,8 +216,9 @@ def _warpgroup_decode_kernel(
         gl.store(plse_ptr + (pid_b * H + l_heads) * NUM_SPLITS + pid_s, lse2)
 
 
-def plan(q: torch.Tensor, k: int, cfg: WarpgroupConfig, num_splits: int | None = None) -> SplitPlan:
+def plan(q: torch.Tensor, k: int, cfg: WarpgroupConfig | None = None, num_splits: int | None = None) -> SplitPlan:
     """The split plan for q's shape and K indices: B·H/64 programs, split until the GPU is one wave."""
+    cfg = cfg or WarpgroupConfig()
     programs = q.shape[0] * (q.shape[1] // HEADS_PER_PROGRAM)
     return plan_splits(q, k, cfg.block_n, programs, num_splits, cfg.programs_per_sm, cfg.whole_wave)
 

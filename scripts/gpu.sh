@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the H200 machine: install the carried wheels, then run the GPU checks and benchmarks.
-# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [kernels-quick] [kernels-bench] [longctx-model] [diagnose] [tune] [refserver] [train] [loop] [sla] [indexer] [ssh] [probe] [profile] [warpgroup] [gather]
+# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [kernels-quick] [kernels-bench] [longctx-model] [diagnose] [tune] [refserver] [train] [loop] [sla] [indexer] [ssh] [probe] [profile] [warpgroup] [gather] [mmasync]
 # Results go under $OUT (or ./gpu-out when OUT is unset). Carry `.whl` (built by scripts/build_wheels.sh) with the call,
 # and `.deb` (scripts/build_debs.sh) for the `ssh` section.
 set -uo pipefail
@@ -62,6 +62,11 @@ for s in "${sections[@]}"; do
                  2>&1 | tee "$OUT/warpgroup-tests.log" | tail -15 || rc=1
                timeout 300 python3 -m mla_kernels.tune --round 4 --budget-s "${TUNE_BUDGET_S:-240}" \
                  --json "$OUT/tune4.json" 2>&1 | tee "$OUT/tune4.txt" | tail -16 || rc=1 ;;
+    # mmasync: the Gluon mma.sync kernel's GPU tests (issue 15, H = 16), then its tuning sweep against the tl.dot one.
+    mmasync)   timeout 150 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_kernels_mmasync.py \
+                 2>&1 | tee "$OUT/mmasync-tests.log" | tail -15 || rc=1
+               timeout 300 python3 -m mla_kernels.tune --round 5 --budget-s "${TUNE_BUDGET_S:-200}" \
+                 --json "$OUT/tune5.json" 2>&1 | tee "$OUT/tune5.txt" | tail -20 || rc=1 ;;
     # gather: the read-only gather at decode's pattern (the H = 16 read ceiling, issue 15).
     gather)    timeout 200 python3 scripts/bench_gather.py --json "$OUT/gather.json" 2>&1 | tee "$OUT/gather.txt" || rc=1 ;;
     # tune: the MMA decode sweep (mla_kernels/tune.py; TUNE_ARGS adds options), then the decode GPU tests.
@@ -155,7 +160,7 @@ PY
                     timeout 150 "$ncu_bin" --kernel-name "regex:$kname" --launch-skip 3 --launch-count 1 \
                       --set full python3 scripts/ncu_mma.py --heads "$heads" >"$OUT/ncu.txt" 2>&1 || rc=1
                     tail -150 "$OUT/ncu.txt"; fi ;;
-    *) echo "unknown section: $s (kernels, kernels-quick, kernels-bench, longctx-model, diagnose, tune, refserver, train, loop, sla, indexer, ssh, probe, profile, warpgroup, gather)"; rc=2 ;;
+    *) echo "unknown section: $s (kernels, kernels-quick, kernels-bench, longctx-model, diagnose, tune, refserver, train, loop, sla, indexer, ssh, probe, profile, warpgroup, gather, mmasync)"; rc=2 ;;
   esac
 done
 exit $rc

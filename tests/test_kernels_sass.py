@@ -71,3 +71,15 @@ def test_warpgroup_kernel_is_wgmma_at_sm90_without_spills(tmp_path: Path) -> Non
         assert 0 < rep["registers"] <= 255
         # q and two 64-row KV tiles in shared memory fit one program per SM (227 KB on Hopper).
         assert rep["shared_bytes"] <= 227 * 1024
+
+
+@needs_tools
+def test_mmasync_kernel_is_mma_sync_at_sm90_without_spills(tmp_path: Path) -> None:
+    pytest.importorskip("triton.experimental.gluon", reason="this Triton has no Gluon")
+    reps = offline(tmp_path, "--mmasync")
+    assert [(r["H"], r["B"]) for r in reps] == [(16, 32), (16, 128)]
+    for rep in reps:
+        assert rep["ops"].get("HMMA", 0) > 0 and rep["ops"].get("HGMMA", 0) == 0
+        assert rep["spill_store_bytes"] == 0 and rep["spill_load_bytes"] == 0
+        # Two programs per SM: at most 255 registers for 4 warps and half of Hopper's 227 KB of shared memory.
+        assert 0 < rep["registers"] <= 255 and rep["shared_bytes"] <= 227 * 1024 // 2

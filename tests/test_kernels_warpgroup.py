@@ -124,16 +124,21 @@ def test_gpu_cuda_graph_replay_follows_new_inputs() -> None:
 
 @pytest.mark.gpu
 @needs_hopper
-def test_gpu_mma_backend_runs_the_warpgroup_kernel_at_128_heads() -> None:
+def test_gpu_mma_backend_runs_the_gluon_kernels_here() -> None:
     import mla_kernels
-    from mla_kernels import mma
+    from mla_kernels import mma, mmasync
 
     gen = torch.Generator(device="cuda").manual_seed(23)
     case = decode_case(gen, b=4, h=128, d_qk=576, d_v=512, k=2048, n=50_000, sm_scale=0.1352)
-    assert mma.uses_warpgroup(case.q, case.kv, 512)
+    assert mma.gluon_module(case.q, case.kv, 512) is warpgroup
     routed = mla_kernels.sparse_mla_decode(case.q, case.kv, case.indices, case.sm_scale, "mma")
     direct = warpgroup.decode(case.q, case.kv, case.indices, case.sm_scale, 512)
     assert torch.equal(routed[0], direct[0]) and torch.equal(routed[1], direct[1])
-    # 16 heads stay on the Triton kernel.
+    # 16 heads go to the Gluon mma.sync kernel, fp32 inputs to the tl.dot kernels.
     small = decode_case(gen, b=2, h=16, d_qk=576, d_v=512, k=256, n=5_000)
-    assert not mma.uses_warpgroup(small.q, small.kv, 512)
+    assert mma.gluon_module(small.q, small.kv, 512) is mmasync
+    routed = mla_kernels.sparse_mla_decode(small.q, small.kv, small.indices, small.sm_scale, "mma")
+    direct = mmasync.decode(small.q, small.kv, small.indices, small.sm_scale, 512)
+    assert torch.equal(routed[0], direct[0]) and torch.equal(routed[1], direct[1])
+    wide = decode_case(gen, b=2, h=16, d_qk=576, d_v=512, k=256, n=5_000, dtype=torch.float32)
+    assert mma.gluon_module(wide.q, wide.kv, 512) is None

@@ -145,19 +145,18 @@ def variants(round: int = 1) -> list[Variant]:
         ):
             round4.append(Variant(name, 128, b, 4096, wcfg))
     round4 += [Variant("mma-default", 64, 32, 4096, default_config(64, 512)), Variant("wg-n64-b2", 64, 32, 4096, W())]
-    # Round 5 (issue 15, H = 16): the Gluon mma.sync kernel (mla_kernels.mmasync), q in shared memory: 132 registers
-    # offline, so three programs per SM where the tl.dot default fits two.
+    # Round 5 (issue 15, H = 16): the Gluon mma.sync kernel (mla_kernels.mmasync), q in shared memory, against the
+    # tl.dot default; its 16-row forms fit three or four programs per SM (128 registers). A form reading q from L1/L2
+    # every tile instead (three programs per SM at 32 rows) measured about 2x slower and is gone (docs/kernels.md).
     from mla_kernels.mmasync import SyncConfig as Y
 
     round5 = []
     for b in (32, 64, 128):
         round5.append(Variant("mma-default", 16, b, 4096, d16))
         for name, ycfg in (
-            ("sync-n16-b3-pps3", Y()),
-            ("sync-n16-b2-pps4", Y(num_buf=2, programs_per_sm=4)),
-            ("sync-n16-b2-pps3", Y(num_buf=2)),
-            ("sync-n32-b2-pps2", Y(block_n=32, num_buf=2, programs_per_sm=2)),
-            ("sync-n16-b3-pps3-bf16p", Y(split_p=False)),
+            ("sync-n32-b2-pps2", Y()),
+            ("sync-n16-b3-pps3", Y(block_n=16, num_buf=3, programs_per_sm=3)),
+            ("sync-n16-b2-pps4", Y(block_n=16, num_buf=2, programs_per_sm=4)),
         ):
             round5.append(Variant(name, 16, b, 4096, ycfg))
     if round == 5:

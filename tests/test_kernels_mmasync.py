@@ -18,8 +18,8 @@ needs_gpu = pytest.mark.skipif(
 )
 CONFIGS = {
     "default": mmasync.SyncConfig(),
-    "n16-b2": mmasync.SyncConfig(num_buf=2, programs_per_sm=4),
-    "n32-b2": mmasync.SyncConfig(block_n=32, num_buf=2, programs_per_sm=2),
+    "n16-b2": mmasync.SyncConfig(block_n=16, num_buf=2, programs_per_sm=4),
+    "n16-b3": mmasync.SyncConfig(block_n=16, num_buf=3, programs_per_sm=3),
 }
 
 

@@ -9,6 +9,7 @@ M >= 16, so fewer heads than BLOCK_H are padded by masking.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -329,15 +330,19 @@ def plan(q: torch.Tensor, k: int, cfg: MmaConfig, num_splits: int | None = None)
     return plan_head_groups(q, k, cfg, num_splits, per_group=2 if cfg.v_split else 1)
 
 
+# MLA_KERNELS_GLUON=0 keeps every input on the tl.dot kernels (read once, at import).
+_GLUON = os.environ.get("MLA_KERNELS_GLUON", "1") != "0"
+
+
 def gluon_module(q: torch.Tensor, kv: torch.Tensor, d_v: int) -> Any:
     """Return the Gluon kernel module ``decode`` without a config runs these inputs on, or None for the tl.dot kernels.
 
     On a Hopper GPU, for bf16 inputs at DeepSeek's 576/512 widths (H200, 2026-12-04, docs/kernels.md): 64k heads go
     to ``warpgroup`` (80.7 us at H = 128, B = 32, against 156.8 for this module's V split) and 16 heads or fewer to
     ``mmasync`` (33.8 against 35.2 us at H = 16, B = 32). Never while torch.compile traces (Inductor does not wrap
-    Gluon kernels), nor where this Triton has no Gluon.
+    Gluon kernels), nor where this Triton has no Gluon, nor with MLA_KERNELS_GLUON=0 in the environment.
     """
-    if q.device.type != "cuda" or torch.compiler.is_compiling():
+    if q.device.type != "cuda" or torch.compiler.is_compiling() or not _GLUON:
         return None
     if torch.cuda.get_device_capability(q.device)[0] != 9:
         return None

@@ -262,7 +262,7 @@ def decode_backends() -> list[tuple[str, Any, Any]]:
         ("mma", mma, None),
         # The Triton tl.dot kernel at its own default, where "mma" runs a Gluon kernel instead (on Hopper, issue 15);
         # "mma-tl" rows are left out where the two are the same kernel.
-        ("mma-tl", mma, "default"),
+        ("mma-tl", mma, None),  # its config, mma.default_config(H, D_v), is set per shape
     ]
 
 
@@ -298,10 +298,10 @@ def run_decode(
                 floor = max(t_mem, t_tc)
                 q2, i2 = case.q[:2].double(), case.indices[:2]
                 ref = reference.decode(q2, kv.double(), i2, case.sm_scale, s.d_v, compute_dtype=torch.float64)
+                gluon_kernel = mma.gluon_module(case.q, kv, s.d_v)
                 for name, mod, cfg in decode_backends():
                     if name in skip:
                         continue
-                    gluon_kernel = mma.gluon_module(case.q, kv, s.d_v)
                     if name == "mma-tl":
                         if gluon_kernel is None:
                             continue

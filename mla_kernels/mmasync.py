@@ -23,9 +23,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from mla_kernels.merge import LOG2E, SplitPlan, merge, outputs, plan_splits
-from mla_kernels.warpgroup import D_LATENT, D_ROPE, _cta_barrier, _load_tile
+from mla_kernels.warpgroup import D_LATENT, D_ROPE, cta_barrier, load_tile
 
 HEADS = 16
+NUM_WARPS = 4
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def _mmasync_decode_kernel(
     first = pid_s * TILES_PER_SPLIT * BLOCK_N
     end = gl.minimum(K, first + TILES_PER_SPLIT * BLOCK_N)
     for i in gl.static_range(NUM_BUF - 1):
-        _load_tile(kn_bufs, kr_bufs, i, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv, N, end, first + i * BLOCK_N,
+        load_tile(kn_bufs, kr_bufs, i, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv, N, end, first + i * BLOCK_N,
                    BLOCK_N, row_layout, lat_layout, rope_layout)  # fmt: skip
 
     heads = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, lat_layout))
@@ -128,14 +129,14 @@ def _mmasync_decode_kernel(
     s_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
     for t in range(TILES_PER_SPLIT):
         buf = t % NUM_BUF
-        _cta_barrier()
-        _load_tile(kn_bufs, kr_bufs, (t + NUM_BUF - 1) % NUM_BUF, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv,
+        cta_barrier()
+        load_tile(kn_bufs, kr_bufs, (t + NUM_BUF - 1) % NUM_BUF, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv,
                    N, end, first + (t + NUM_BUF - 1) * BLOCK_N, BLOCK_N, row_layout, lat_layout,
                    rope_layout)  # fmt: skip
         pos = first + t * BLOCK_N + s_cols
         idx = gl.load(idx_ptr + pid_b * stride_ib + pos, mask=pos < end, other=-1)
         async_copy.wait_group(NUM_BUF - 1)
-        _cta_barrier()
+        cta_barrier()
         kn = kn_bufs.index(buf)
         kr = kr_bufs.index(buf)
         s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=mma)
@@ -176,10 +177,23 @@ def _mmasync_decode_kernel(
         gl.store(plse_ptr + (pid_b * H + o_heads) * NUM_SPLITS + pid_s, lse2, mask=o_hm)
 
 
-def plan(q: torch.Tensor, k: int, cfg: SyncConfig | None = None, num_splits: int | None = None) -> SplitPlan:
-    """The split plan for q's shape and K indices: B programs, split until ``cfg.programs_per_sm`` per SM."""
+def plan(
+    q: torch.Tensor, k: int, cfg: SyncConfig | None = None, num_splits: int | None = None, slots: int | None = None
+) -> SplitPlan:
+    """The split plan for q's shape and K indices: B programs, split until ``cfg.programs_per_sm`` per SM.
+
+    ``slots`` is the SM count to plan for (default: q's device's; the offline compile report passes 132).
+    """
     cfg = cfg or SyncConfig()
-    return plan_splits(q, k, cfg.block_n, q.shape[0], num_splits, cfg.programs_per_sm, cfg.whole_wave)
+    return plan_splits(q, k, cfg.block_n, q.shape[0], num_splits, cfg.programs_per_sm, cfg.whole_wave, slots)
+
+
+def launch_constexprs(cfg: SyncConfig, plan: SplitPlan) -> dict[str, Any]:
+    """The kernel's compile-time arguments for ``cfg`` and ``plan`` (the launch's and the offline report's)."""
+    return {
+        "TILES_PER_SPLIT": plan.tiles_per_split, "NUM_SPLITS": plan.num_splits, "BLOCK_N": cfg.block_n,
+        "NUM_BUF": cfg.num_buf, "DIRECT": plan.num_splits == 1, "SPLIT_P": cfg.split_p,
+    }  # fmt: skip
 
 
 def decode(
@@ -232,10 +246,7 @@ def _launch(
     b, h, _ = q.shape
     return _mmasync_decode_kernel[(b, plan.num_splits)](
         q, kv, indices, out, lse, part, plse, sm_scale * LOG2E, h, kv.shape[0], indices.shape[1],
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
-        TILES_PER_SPLIT=plan.tiles_per_split, NUM_SPLITS=plan.num_splits, BLOCK_N=cfg.block_n,
-        NUM_BUF=cfg.num_buf, DIRECT=plan.num_splits == 1, SPLIT_P=cfg.split_p,
-        num_warps=4,
+        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), **launch_constexprs(cfg, plan), num_warps=NUM_WARPS,
     )  # fmt: skip
 
 

@@ -192,43 +192,21 @@ def mma_report(h: int, b: int, cfg: Any, k: int = 2048, d_qk: int = 576, d_v: in
     return rep
 
 
-def warpgroup_report(h: int, b: int, cfg: Any = None, k: int = 2048, d_qk: int = 576) -> dict[str, Any]:
-    """Compile the Gluon warpgroup kernel as it launches at H heads, B rows, top-k K on a 132-SM H200."""
+def gluon_report(name: str, h: int, b: int, k: int = 2048, d_qk: int = 576) -> dict[str, Any]:
+    """Compile a Gluon kernel ("warpgroup" or "mmasync") at its default as it launches at H heads, B rows, top-k K
+    on a 132-SM H200."""
     import torch
 
-    from mla_kernels import warpgroup
-    from mla_kernels.merge import plan_splits
+    from mla_kernels import mmasync, warpgroup
 
-    cfg = cfg or warpgroup.WarpgroupConfig()
-    q = torch.empty((b, h, d_qk), device="meta")
-    plan = plan_splits(
-        q, k, cfg.block_n, b * (h // warpgroup.HEADS_PER_PROGRAM), None, cfg.programs_per_sm, cfg.whole_wave, 132
-    )
-    constexprs = {
-        "TILES_PER_SPLIT": plan.tiles_per_split, "NUM_SPLITS": plan.num_splits, "BLOCK_N": cfg.block_n,
-        "NUM_BUF": cfg.num_buf, "DIRECT": plan.num_splits == 1, "SPLIT_P": cfg.split_p,
-    }  # fmt: skip
-    rep = compile_sm90(warpgroup._warpgroup_decode_kernel, _decode_signature("*bf16"), constexprs, 8, 1)
+    mod, kernel, cfg = {
+        "warpgroup": (warpgroup, warpgroup._warpgroup_decode_kernel, warpgroup.WarpgroupConfig()),
+        "mmasync": (mmasync, mmasync._mmasync_decode_kernel, mmasync.SyncConfig()),
+    }[name]
+    plan = mod.plan(torch.empty((b, h, d_qk), device="meta"), k, cfg, slots=132)
+    constexprs = mod.launch_constexprs(cfg, plan)
+    rep = compile_sm90(kernel, _decode_signature("*bf16"), constexprs, mod.NUM_WARPS, 1)
     rep.update(H=h, B=b, config=asdict(cfg), splits=plan.num_splits, tiles_per_split=plan.tiles_per_split)
-    return rep
-
-
-def mmasync_report(b: int, cfg: Any = None, k: int = 2048, d_qk: int = 576) -> dict[str, Any]:
-    """Compile the Gluon mma.sync kernel (16 heads) as it launches at B rows, top-k K on a 132-SM H200."""
-    import torch
-
-    from mla_kernels import mmasync
-    from mla_kernels.merge import plan_splits
-
-    cfg = cfg or mmasync.SyncConfig()
-    q = torch.empty((b, 16, d_qk), device="meta")
-    plan = plan_splits(q, k, cfg.block_n, b, None, cfg.programs_per_sm, cfg.whole_wave, 132)
-    constexprs = {
-        "TILES_PER_SPLIT": plan.tiles_per_split, "NUM_SPLITS": plan.num_splits, "BLOCK_N": cfg.block_n,
-        "NUM_BUF": cfg.num_buf, "DIRECT": plan.num_splits == 1, "SPLIT_P": cfg.split_p,
-    }  # fmt: skip
-    rep = compile_sm90(mmasync._mmasync_decode_kernel, _decode_signature("*bf16"), constexprs, 4, 1)
-    rep.update(H=16, B=b, config=asdict(cfg), splits=plan.num_splits, tiles_per_split=plan.tiles_per_split)
     return rep
 
 
@@ -249,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     from mla_kernels import simt_tiled
 
     if args.warpgroup:
-        rows = [warpgroup_report(128, b) | {"name": "warpgroup"} for b in (32, 128)]
+        rows = [gluon_report("warpgroup", 128, b) | {"name": "warpgroup"} for b in (32, 128)]
     elif args.mmasync:
-        rows = [mmasync_report(b) | {"name": "mmasync"} for b in (32, 128)]
+        rows = [gluon_report("mmasync", 16, b) | {"name": "mmasync"} for b in (32, 128)]
     elif args.mma:
         from mla_kernels.tune import v_split_h128
 

@@ -35,10 +35,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from mla_kernels.merge import LOG2E, SplitPlan, merge, outputs, plan_splits
 
 HEADS_PER_PROGRAM = 64
+NUM_WARPS = 8
 D_LATENT = gl.constexpr(512)
 D_ROPE = gl.constexpr(64)
 # A CTA-wide barrier: gl.thread_barrier in Triton 3.6, renamed gl.barrier later.
-_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def _gather(smem, kv_ptr, rows, valid, stride_kv, COL0: gl.constexpr, WIDTH: gl.
 
 
 @gluon.jit
-def _load_tile(
+def load_tile(
     kn_bufs, kr_bufs, buf, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv, N, K, pos0,
     BLOCK_N: gl.constexpr, row_layout: gl.constexpr, lat_layout: gl.constexpr, rope_layout: gl.constexpr,
 ):  # fmt: skip
@@ -152,7 +153,7 @@ def _warpgroup_decode_kernel(
     end = gl.minimum(K, first + TILES_PER_SPLIT * BLOCK_N)
     # Start the first tiles' gathers before anything else: they are the long pole.
     for i in gl.static_range(NUM_BUF - 1):
-        _load_tile(kn_bufs, kr_bufs, i, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv, N, end, first + i * BLOCK_N,
+        load_tile(kn_bufs, kr_bufs, i, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv, N, end, first + i * BLOCK_N,
                    BLOCK_N, row_layout, lat_layout, rope_layout)  # fmt: skip
 
     heads = pid_g * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, lat_layout))
@@ -174,13 +175,13 @@ def _warpgroup_decode_kernel(
     for t in range(TILES_PER_SPLIT):
         buf = t % NUM_BUF
         # Every warp is past tile t-1's products, so its buffer can take tile t + NUM_BUF - 1.
-        _cta_barrier()
-        _load_tile(kn_bufs, kr_bufs, (t + NUM_BUF - 1) % NUM_BUF, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv,
+        cta_barrier()
+        load_tile(kn_bufs, kr_bufs, (t + NUM_BUF - 1) % NUM_BUF, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv,
                    N, end, first + (t + NUM_BUF - 1) * BLOCK_N, BLOCK_N, row_layout, lat_layout,
                    rope_layout)  # fmt: skip
         async_copy.wait_group(NUM_BUF - 1)
         # Each thread waited for its own copies; the barrier makes all of them visible, the fence to wgmma's proxy.
-        _cta_barrier()
+        cta_barrier()
         fence_async_shared()
         kn = kn_bufs.index(buf)
         kr = kr_bufs.index(buf)
@@ -216,11 +217,28 @@ def _warpgroup_decode_kernel(
         gl.store(plse_ptr + (pid_b * H + l_heads) * NUM_SPLITS + pid_s, lse2)
 
 
-def plan(q: torch.Tensor, k: int, cfg: WarpgroupConfig | None = None, num_splits: int | None = None) -> SplitPlan:
-    """The split plan for q's shape and K indices: B·H/64 programs, split until the GPU is one wave."""
+def plan(
+    q: torch.Tensor,
+    k: int,
+    cfg: WarpgroupConfig | None = None,
+    num_splits: int | None = None,
+    slots: int | None = None,
+) -> SplitPlan:
+    """The split plan for q's shape and K indices: B·H/64 programs, split until the GPU is one wave.
+
+    ``slots`` is the SM count to plan for (default: q's device's; the offline compile report passes 132).
+    """
     cfg = cfg or WarpgroupConfig()
     programs = q.shape[0] * (q.shape[1] // HEADS_PER_PROGRAM)
-    return plan_splits(q, k, cfg.block_n, programs, num_splits, cfg.programs_per_sm, cfg.whole_wave)
+    return plan_splits(q, k, cfg.block_n, programs, num_splits, cfg.programs_per_sm, cfg.whole_wave, slots)
+
+
+def launch_constexprs(cfg: WarpgroupConfig, plan: SplitPlan) -> dict[str, Any]:
+    """The kernel's compile-time arguments for ``cfg`` and ``plan`` (the launch's and the offline report's)."""
+    return {
+        "TILES_PER_SPLIT": plan.tiles_per_split, "NUM_SPLITS": plan.num_splits, "BLOCK_N": cfg.block_n,
+        "NUM_BUF": cfg.num_buf, "DIRECT": plan.num_splits == 1, "SPLIT_P": cfg.split_p,
+    }  # fmt: skip
 
 
 def decode(
@@ -274,10 +292,7 @@ def _launch(
     grid = (h // HEADS_PER_PROGRAM, b, plan.num_splits)
     return _warpgroup_decode_kernel[grid](
         q, kv, indices, out, lse, part, plse, sm_scale * LOG2E, h, kv.shape[0], indices.shape[1],
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
-        TILES_PER_SPLIT=plan.tiles_per_split, NUM_SPLITS=plan.num_splits, BLOCK_N=cfg.block_n,
-        NUM_BUF=cfg.num_buf, DIRECT=plan.num_splits == 1, SPLIT_P=cfg.split_p,
-        num_warps=8,
+        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), **launch_constexprs(cfg, plan), num_warps=NUM_WARPS,
     )  # fmt: skip
 
 

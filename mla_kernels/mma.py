@@ -338,9 +338,10 @@ def gluon_module(q: torch.Tensor, kv: torch.Tensor, d_v: int) -> Any:
     """Return the Gluon kernel module ``decode`` without a config runs these inputs on, or None for the tl.dot kernels.
 
     On a Hopper GPU, for bf16 inputs at DeepSeek's 576/512 widths (H200, 2026-12-04, docs/kernels.md): 64k heads go
-    to ``warpgroup`` (80.7 us at H = 128, B = 32, against 156.8 for this module's V split) and 16 heads or fewer to
-    ``mmasync`` (33.8 against 35.2 us at H = 16, B = 32). Never while torch.compile traces (Inductor does not wrap
-    Gluon kernels), nor where this Triton has no Gluon, nor with MLA_KERNELS_GLUON=0 in the environment.
+    to ``warpgroup`` (75.5 us at H = 128, B = 32, against 157.0 for this module's V split) and 16 heads or fewer to
+    ``mmasync`` (31.6 against 35.3 us at H = 16, B = 32; 96.9 against 105.9 at B = 128). Never while torch.compile
+    traces (Inductor does not wrap Gluon kernels), nor where this Triton has no Gluon, nor with MLA_KERNELS_GLUON=0
+    in the environment.
     """
     if q.device.type != "cuda" or torch.compiler.is_compiling() or not _GLUON:
         return None
@@ -354,6 +355,15 @@ def gluon_module(q: torch.Tensor, kv: torch.Tensor, d_v: int) -> Any:
         if module.supports(q, kv, d_v):
             return module
     return None
+
+
+def kernel_name(q: torch.Tensor, kv: torch.Tensor, d_v: int) -> str:
+    """Name the kernel ``decode`` without a config runs for inputs like these: "warpgroup", "mmasync" or "tl.dot".
+
+    Only shapes, dtypes and the device matter, so one-row tensors of the real widths answer for a whole server.
+    """
+    module = gluon_module(q, kv, d_v)
+    return "tl.dot" if module is None else str(module.__name__).rsplit(".", 1)[-1]
 
 
 def decode(

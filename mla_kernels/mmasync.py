@@ -6,8 +6,10 @@ that a read-only gather at that occupancy reaches about half the copy rate, and 
 SM. Here q (16 x 576) sits in shared memory and each product loads its operands in 64-column chunks; the output is
 four 16 x 128 accumulators (each warp owns 32 columns of each), and KV tiles arrive by cp.async into NUM_BUF
 shared buffers. One program per (batch row, split), 4 warps. Measured, the lever did not pay: with 16-row tiles
-three or four programs fit an SM (128 registers) but ran slower than 32-row tiles at two (190 registers), which
-beat the tl.dot kernel by 4-5 % and are the default (``mma.decode`` runs it for 16 heads on Hopper).
+three or four programs fit an SM (128 registers) but ran slower than 32-row tiles at two (185-190 registers), which
+are the default (``mma.decode`` runs it for 16 heads on Hopper). What did pay is loading each tile's indices one
+tile ahead, so the gather's issue never waits on them: 31.6 us at B = 32 and 96.9 at B = 128 against the tl.dot
+kernel's 35.3 and 105.9 (H200, docs/kernels.md).
 
 Needs a GPU with mma.sync (sm_80+), bf16 q and kv, 16 heads or fewer, 576/512 rows. No CPU interpreter.
 """
@@ -23,7 +25,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from mla_kernels.merge import LOG2E, SplitPlan, merge, outputs, plan_splits
-from mla_kernels.warpgroup import D_LATENT, D_ROPE, cta_barrier, load_tile
+from mla_kernels.warpgroup import D_LATENT, D_ROPE, cta_barrier, gather_tile, tile_indices
 
 HEADS = 16
 NUM_WARPS = 4
@@ -105,8 +107,10 @@ def _mmasync_decode_kernel(
     first = pid_s * TILES_PER_SPLIT * BLOCK_N
     end = gl.minimum(K, first + TILES_PER_SPLIT * BLOCK_N)
     for i in gl.static_range(NUM_BUF - 1):
-        load_tile(kn_bufs, kr_bufs, i, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv, N, end, first + i * BLOCK_N,
-                   BLOCK_N, row_layout, lat_layout, rope_layout)  # fmt: skip
+        idx_i = tile_indices(idx_ptr, pid_b, stride_ib, end, first + i * BLOCK_N, BLOCK_N, row_layout)
+        gather_tile(kn_bufs, kr_bufs, i, kv_ptr, idx_i, stride_kv, N, lat_layout, rope_layout)
+    # The next gather's indices, loaded a tile ahead so the gather's issue does not wait on them.
+    idx_next = tile_indices(idx_ptr, pid_b, stride_ib, end, first + (NUM_BUF - 1) * BLOCK_N, BLOCK_N, row_layout)
 
     heads = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, lat_layout))
     hm = heads < H
@@ -130,9 +134,9 @@ def _mmasync_decode_kernel(
     for t in range(TILES_PER_SPLIT):
         buf = t % NUM_BUF
         cta_barrier()
-        load_tile(kn_bufs, kr_bufs, (t + NUM_BUF - 1) % NUM_BUF, kv_ptr, idx_ptr, pid_b, stride_ib, stride_kv,
-                   N, end, first + (t + NUM_BUF - 1) * BLOCK_N, BLOCK_N, row_layout, lat_layout,
-                   rope_layout)  # fmt: skip
+        gather_tile(kn_bufs, kr_bufs, (t + NUM_BUF - 1) % NUM_BUF, kv_ptr, idx_next, stride_kv, N, lat_layout,
+                    rope_layout)  # fmt: skip
+        idx_next = tile_indices(idx_ptr, pid_b, stride_ib, end, first + (t + NUM_BUF) * BLOCK_N, BLOCK_N, row_layout)
         pos = first + t * BLOCK_N + s_cols
         idx = gl.load(idx_ptr + pid_b * stride_ib + pos, mask=pos < end, other=-1)
         async_copy.wait_group(NUM_BUF - 1)

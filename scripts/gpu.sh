@@ -152,13 +152,14 @@ PY
                  --form mma:naive --json "$OUT/probe-128k.json" 2>&1 | grep -v '^\[' | tee "$OUT/probe.txt" || rc=1
                timeout 120 python3 scripts/decode_step_probe.py --steps 30 --context-length 16384 --form simt:aware \
                  --form mma:aware --json "$OUT/probe-16k.json" 2>&1 | grep -v '^\[' | tee -a "$OUT/probe.txt" || rc=1 ;;
-    # profile: Nsight Compute on one steady call of the H=16, B=32 MMA split kernel (when ncu is installed).
+    # profile: Nsight Compute on one steady call of the mma backend's kernel at H=16, B=32 (when ncu is installed):
+    # the Gluon mma.sync kernel on Hopper. PROFILE_HEADS=128 profiles the warpgroup kernel; PROFILE_BATCH sets B.
     profile)   ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
                if [ -z "$ncu_bin" ]; then echo "no ncu on this machine" | tee "$OUT/ncu.txt"
-               # PROFILE_HEADS=128 profiles the Gluon warpgroup kernel instead of the H = 16 tl.dot one.
-               else heads=${PROFILE_HEADS:-16}; kname=_mma_decode_kernel; [ "$heads" -ge 64 ] && kname=_warpgroup_decode_kernel
+               else heads=${PROFILE_HEADS:-16}; kname=_mmasync_decode_kernel; [ "$heads" -ge 64 ] && kname=_warpgroup_decode_kernel
                     timeout 150 "$ncu_bin" --kernel-name "regex:$kname" --launch-skip 3 --launch-count 1 \
-                      --set full python3 scripts/ncu_mma.py --heads "$heads" >"$OUT/ncu.txt" 2>&1 || rc=1
+                      --set full python3 scripts/ncu_mma.py --heads "$heads" \
+                      --batch "${PROFILE_BATCH:-32}" >"$OUT/ncu.txt" 2>&1 || rc=1
                     tail -150 "$OUT/ncu.txt"; fi ;;
     *) echo "unknown section: $s (kernels, kernels-quick, kernels-bench, longctx-model, diagnose, tune, refserver, train, loop, sla, indexer, ssh, probe, profile, warpgroup, gather, mmasync)"; rc=2 ;;
   esac

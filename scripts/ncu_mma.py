@@ -1,7 +1,11 @@
-"""Run the default MMA decode at H=16 (or --heads), K=2048, B=32 (1M-row pool) a few times, for Nsight Compute.
+"""Run the mma decode backend at H=16, B=32 (--heads, --batch), K=2048, 1M-row pool, a few times, for Nsight Compute.
 
-    ncu --kernel-name regex:_mma_decode_kernel --launch-skip 3 --launch-count 1 --set full python3 scripts/ncu_mma.py
+    ncu --kernel-name regex:_mmasync_decode_kernel --launch-skip 3 --launch-count 1 --set full \
+        python3 scripts/ncu_mma.py
     ncu --kernel-name regex:_warpgroup_decode_kernel ... python3 scripts/ncu_mma.py --heads 128
+
+On Hopper the mma backend runs the Gluon kernels for these shapes (mla_kernels.mma.gluon_module); elsewhere, or with
+MLA_KERNELS_GLUON=0, the tl.dot kernel ``_mma_decode_kernel``.
 
 The first calls compile and warm up; ncu skips them and profiles one steady call of the split kernel.
 """
@@ -20,9 +24,10 @@ def main() -> None:
     """Draw one DeepSeek-shaped case and run the mma backend five times."""
     parser = argparse.ArgumentParser(description="run the mma decode backend for Nsight Compute")
     parser.add_argument("--heads", type=int, default=16, help="query heads (128: the Gluon warpgroup kernel)")
+    parser.add_argument("--batch", type=int, default=32, help="query rows")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    case = decode_case(gen, b=32, h=args.heads, d_qk=576, d_v=512, k=2048, n=1 << 20)
+    case = decode_case(gen, b=args.batch, h=args.heads, d_qk=576, d_v=512, k=2048, n=1 << 20)
     for _ in range(5):
         sparse_mla_decode(case.q, case.kv, case.indices, case.sm_scale, "mma")
     torch.cuda.synchronize()

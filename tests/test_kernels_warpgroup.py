@@ -45,6 +45,9 @@ def test_inputs_it_cannot_run_are_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="Hopper GPU, bf16 q and kv, H a multiple of 64"):
         warpgroup.decode(case.q, case.kv, case.indices, case.sm_scale, case.d_v)
     assert not warpgroup.supports(case.q, case.kv, case.d_v)
+    from mla_kernels import mma
+
+    assert mma.kernel_name(case.q, case.kv, case.d_v) == "tl.dot"  # off the GPU the mma backend is tl.dot alone
 
 
 @pytest.mark.gpu
@@ -131,14 +134,18 @@ def test_gpu_mma_backend_runs_the_gluon_kernels_here() -> None:
     gen = torch.Generator(device="cuda").manual_seed(23)
     case = decode_case(gen, b=4, h=128, d_qk=576, d_v=512, k=2048, n=50_000, sm_scale=0.1352)
     assert mma.gluon_module(case.q, case.kv, 512) is warpgroup
+    assert mma.kernel_name(case.q[:1], case.kv[:1], 512) == "warpgroup"
     routed = mla_kernels.sparse_mla_decode(case.q, case.kv, case.indices, case.sm_scale, "mma")
     direct = warpgroup.decode(case.q, case.kv, case.indices, case.sm_scale, 512)
     assert torch.equal(routed[0], direct[0]) and torch.equal(routed[1], direct[1])
     # 16 heads go to the Gluon mma.sync kernel, fp32 inputs to the tl.dot kernels.
     small = decode_case(gen, b=2, h=16, d_qk=576, d_v=512, k=256, n=5_000)
     assert mma.gluon_module(small.q, small.kv, 512) is mmasync
+    assert mma.kernel_name(small.q, small.kv, 512) == "mmasync"
     routed = mla_kernels.sparse_mla_decode(small.q, small.kv, small.indices, small.sm_scale, "mma")
     direct = mmasync.decode(small.q, small.kv, small.indices, small.sm_scale, 512)
     assert torch.equal(routed[0], direct[0]) and torch.equal(routed[1], direct[1])
     wide = decode_case(gen, b=2, h=16, d_qk=576, d_v=512, k=256, n=5_000, dtype=torch.float32)
     assert mma.gluon_module(wide.q, wide.kv, 512) is None
+    # What the server check records: an fp32 server (the weights files' own dtype) runs the tl.dot kernel.
+    assert mma.kernel_name(wide.q, wide.kv, 512) == "tl.dot"

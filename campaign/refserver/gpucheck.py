@@ -1,12 +1,14 @@
 """The GPU check: every attention backend × torch.compile × CUDA graphs, against the torch/eager baseline.
 
-``python -m campaign.refserver.gpucheck [--json PATH] [--budget-s S] [--table-stride N] [--model-path P]``
+``python -m campaign.refserver.gpucheck [--json PATH] [--budget-s S] [--table-stride N] [--model-path P] [--dtype D]``
 
 For each combination it builds the server's engine exactly as ``python -m campaign.refserver`` does (weights, KV
 pool, compile, graph capture), runs the whole question table through the engine's own greedy decode path, counts
 the answers that differ from the baseline's (torch backend, no compile, no graphs) and the exact answers, then
 measures decode tokens/s at batch 1 and 64 (32 new tokens per request, eos ignored, median of 3). A combination that
 fails to start is recorded with its error. Combinations that would start after ``--budget-s`` are listed as not run.
+Each record names the dtype the engine ran in and, for the mma backend, the kernel its decode launched (the Gluon
+kernels run only for bf16 at DeepSeek's widths; ``--dtype auto`` keeps the weights file's fp32, which runs tl.dot).
 Prints a table; ``--json`` writes every figure.
 """
 
@@ -60,8 +62,25 @@ def decode_rate(engine: Engine, batch: int) -> float:
     return statistics.median(rates)
 
 
+def attention_kernel(engine: Engine, backend: str) -> str | None:
+    """The kernel the engine's decode runs for ``backend`` "mma" (None for the others), from the model's widths."""
+    if backend != "mma":
+        return None
+    from mla_kernels.mma import kernel_name
+
+    cfg, rows = engine.cfg, engine.pool.rows
+    q = torch.empty((1, cfg.n_heads, cfg.d_qk), dtype=rows.dtype, device=rows.device)
+    return kernel_name(q, rows[0, :1], cfg.d_latent)
+
+
 def check_one(
-    model_path: Path, device: str, backend: str, compile_: bool, graph: bool, prompts: list[list[int]]
+    model_path: Path,
+    device: str,
+    backend: str,
+    compile_: bool,
+    graph: bool,
+    prompts: list[list[int]],
+    dtype: str = "auto",
 ) -> tuple[dict[str, Any], list[list[int]] | None]:
     """Start one combination, run the table and the rates; returns its record and its outputs."""
     record: dict[str, Any] = {"backend": backend, "torch_compile": compile_, "cuda_graph": graph}
@@ -79,9 +98,14 @@ def check_one(
                 max_total_tokens=TABLE_BATCH * 64,
                 max_running_requests=TABLE_BATCH,
                 decode_log_interval=10**9,
+                dtype=dtype,
             )
         )
         record["startup_s"] = round(time.monotonic() - began, 2)
+        record["dtype"] = str(engine.pool.rows.dtype).removeprefix("torch.")
+        kernel = attention_kernel(engine, backend)
+        if kernel is not None:
+            record["attention_kernel"] = kernel
         t0 = time.monotonic()
         outputs = engine.generate(prompts, 8)
         record["table_s"] = round(time.monotonic() - t0, 2)
@@ -111,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a dry run of this script")
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, torch first")
     p.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile combinations")
+    dtypes = ["auto", "bfloat16", "float32"]
+    p.add_argument("--dtype", choices=dtypes, default="auto", help="weights and KV pool (auto: the file's)")
     args = p.parse_args(argv)
     backends = tuple(b for b in args.backends.split(",") if b)
     if not backends or backends[0] != "torch" or not set(backends) <= set(BACKENDS):
@@ -146,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                 {"backend": backend, "torch_compile": compile_, "cuda_graph": graph, "status": "not run (budget)"}
             )
             continue
-        record, outputs = check_one(args.model_path, args.device, backend, compile_, graph, prompts)
+        record, outputs = check_one(args.model_path, args.device, backend, compile_, graph, prompts, args.dtype)
         if outputs is not None:
             if baseline is None:
                 baseline = outputs  # combos() puts torch/eager first
@@ -160,14 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.json is not None:  # after every combination, so a cut-off run still leaves its figures
             args.json.write_text(json.dumps({"environment": env, "results": records}, indent=2))
     header = f"{'backend':7} {'compile':7} {'graph':5} {'status':17} {'start s':>7} {'exact':>12} {'diff':>5} "
-    header += f"{'tok/s bs1':>10} {'tok/s bs64':>11}"
+    header += f"{'tok/s bs1':>10} {'tok/s bs64':>11} {'dtype':8} kernel"
     print(f"\n{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {len(table)} questions\n{header}")
     for r in records:
         exact = f"{r['exact']}/{len(table)}" if "exact" in r else "-"
         print(
             f"{r['backend']:7} {r['torch_compile']!s:7} {r['cuda_graph']!s:5} {r['status']:17} "
             f"{r.get('startup_s', '-')!s:>7} {exact:>12} {r.get('differs_from_baseline', '-')!s:>5} "
-            f"{r.get('tok_s_bs1', '-')!s:>10} {r.get('tok_s_bs64', '-')!s:>11}"
+            f"{r.get('tok_s_bs1', '-')!s:>10} {r.get('tok_s_bs64', '-')!s:>11} {r.get('dtype', '-'):8} "
+            f"{r.get('attention_kernel', '-')}"
         )
         if r["status"] == "failed":
             print(f"    {r['error'][:300]}")

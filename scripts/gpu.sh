@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the H200 machine: install the carried wheels, then run the GPU checks and benchmarks.
-# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [kernels-quick] [kernels-bench] [longctx-model] [diagnose] [tune] [refserver] [train] [loop] [sla] [indexer] [ssh] [probe] [profile] [warpgroup] [gather] [mmasync]
+# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [kernels-quick] [kernels-bench] [longctx-model] [diagnose] [tune] [refserver] [train] [loop] [sla] [indexer] [ssh] [probe] [profile] [warpgroup] [gather] [mmasync] [split]
 # Results go under $OUT (or ./gpu-out when OUT is unset). Carry `.whl` (built by scripts/build_wheels.sh) with the call,
 # and `.deb` (scripts/build_debs.sh) for the `ssh` section.
 set -uo pipefail
@@ -69,6 +69,8 @@ for s in "${sections[@]}"; do
                  --json "$OUT/tune5.json" 2>&1 | tee "$OUT/tune5.txt" | tail -20 || rc=1 ;;
     # gather: the read-only gather at decode's pattern (the H = 16 read ceiling, issue 15).
     gather)    timeout 200 python3 scripts/bench_gather.py --json "$OUT/gather.json" 2>&1 | tee "$OUT/gather.txt" || rc=1 ;;
+    # split: where the Gluon kernels' split-K time goes (kernel alone, merge, bf16 partials, one split).
+    split)     timeout 200 python3 scripts/bench_split.py --json "$OUT/split.json" 2>&1 | tee "$OUT/split.txt" || rc=1 ;;
     # tune: the MMA decode sweep (mla_kernels/tune.py; TUNE_ARGS adds options), then the decode GPU tests.
     tune)      timeout 480 python3 -m mla_kernels.tune --json "$OUT/tune.json" --budget-s "${TUNE_BUDGET_S:-360}" \
                  ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.txt" || rc=1
@@ -161,7 +163,7 @@ PY
                       --set full python3 scripts/ncu_mma.py --heads "$heads" \
                       --batch "${PROFILE_BATCH:-32}" >"$OUT/ncu.txt" 2>&1 || rc=1
                     tail -150 "$OUT/ncu.txt"; fi ;;
-    *) echo "unknown section: $s (kernels, kernels-quick, kernels-bench, longctx-model, diagnose, tune, refserver, train, loop, sla, indexer, ssh, probe, profile, warpgroup, gather, mmasync)"; rc=2 ;;
+    *) echo "unknown section: $s (kernels, kernels-quick, kernels-bench, longctx-model, diagnose, tune, refserver, train, loop, sla, indexer, ssh, probe, profile, warpgroup, gather, mmasync, split)"; rc=2 ;;
   esac
 done
 exit $rc

@@ -6,11 +6,16 @@ sm_90 compile (registers, spills, wgmma shapes) is in tests/test_kernels_sass.py
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import pytest
 
 torch = pytest.importorskip("torch")
+# As tests/test_kernels.py: the mla_kernels modules this imports define Triton kernels, and Triton fixes interpreted
+# or compiled at that moment; without it, tests/test_kernels.py run after this file in one process found them compiled.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 warpgroup = pytest.importorskip("mla_kernels.warpgroup", reason="this Triton has no Gluon")
 
 from mla_kernels import reference  # noqa: E402

@@ -24,7 +24,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from mla_kernels.merge import LOG2E, SplitPlan, merge, outputs, plan_splits
+from mla_kernels import launcher
+from mla_kernels.launcher import launch_constexprs
+from mla_kernels.merge import LOG2E, SplitPlan, plan_splits
 from mla_kernels.warpgroup import D_LATENT, D_ROPE, cta_barrier, gather_tile, tile_indices
 
 HEADS = 16
@@ -192,14 +194,6 @@ def plan(
     return plan_splits(q, k, cfg.block_n, q.shape[0], num_splits, cfg.programs_per_sm, cfg.whole_wave, slots)
 
 
-def launch_constexprs(cfg: SyncConfig, plan: SplitPlan) -> dict[str, Any]:
-    """The kernel's compile-time arguments for ``cfg`` and ``plan`` (the launch's and the offline report's)."""
-    return {
-        "TILES_PER_SPLIT": plan.tiles_per_split, "NUM_SPLITS": plan.num_splits, "BLOCK_N": cfg.block_n,
-        "NUM_BUF": cfg.num_buf, "DIRECT": plan.num_splits == 1, "SPLIT_P": cfg.split_p,
-    }  # fmt: skip
-
-
 def decode(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -221,16 +215,7 @@ def decode(
             "the mma.sync kernel needs an sm_80+ GPU, bf16 q and kv, at most 16 heads and 576-wide rows with d_v 512; "
             f"got {q.device}, {q.dtype}/{kv.dtype}, q {tuple(q.shape)}, d_v {d_v}"
         )
-    cfg = config or SyncConfig()
-    q = q if q.stride(2) == 1 else q.contiguous()
-    kv = kv if kv.stride(1) == 1 else kv.contiguous()
-    indices = indices if indices.stride(1) == 1 else indices.contiguous()
-    splits = plan(q, indices.shape[1], cfg, num_splits)
-    out, lse, part, plse = outputs(q, d_v, splits, out, lse)
-    _launch(q, kv, indices, sm_scale, d_v, cfg, splits, out, lse, part, plse)
-    if splits.num_splits > 1:
-        merge(part, plse, out, lse)
-    return out, lse
+    return launcher.decode(plan, _launch, q, kv, indices, sm_scale, d_v, config or SyncConfig(), num_splits, out, lse)
 
 
 def _launch(
@@ -265,17 +250,6 @@ def matrix_instructions(
     num_splits: int | None = None,
 ) -> dict[str, Any]:
     """Compile and run the kernel for these inputs; the keys of ``mla_kernels.mma.matrix_instructions``."""
-    cfg = config or SyncConfig()
-    splits = plan(q, indices.shape[1], cfg, num_splits)
-    out, lse, part, plse = outputs(q, d_v, splits, None, None)
-    compiled = _launch(q, kv, indices, sm_scale, d_v, cfg, splits, out, lse, part, plse)
-    ptx = compiled.asm.get("ptx", "")
-    return {
-        "wgmma": ptx.count("wgmma.mma_async"),
-        "mma.sync": ptx.count("mma.sync"),
-        "registers": int(getattr(compiled, "n_regs", -1)),
-        "spills": int(getattr(compiled, "n_spills", -1)),
-        "shared_bytes": int(getattr(getattr(compiled, "metadata", None), "shared", -1)),
-        "async_copies": ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
-        "kv_buffers": cfg.num_buf,
-    }
+    return launcher.matrix_instructions(
+        plan, _launch, q, kv, indices, sm_scale, d_v, config or SyncConfig(), num_splits
+    )

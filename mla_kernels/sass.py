@@ -198,13 +198,14 @@ def gluon_report(name: str, h: int, b: int, k: int = 2048, d_qk: int = 576) -> d
     import torch
 
     from mla_kernels import mmasync, warpgroup
+    from mla_kernels.launcher import launch_constexprs
 
     mod, kernel, cfg = {
         "warpgroup": (warpgroup, warpgroup._warpgroup_decode_kernel, warpgroup.WarpgroupConfig()),
         "mmasync": (mmasync, mmasync._mmasync_decode_kernel, mmasync.SyncConfig()),
     }[name]
     plan = mod.plan(torch.empty((b, h, d_qk), device="meta"), k, cfg, slots=132)
-    constexprs = mod.launch_constexprs(cfg, plan)
+    constexprs = launch_constexprs(cfg, plan)
     rep = compile_sm90(kernel, _decode_signature("*bf16"), constexprs, mod.NUM_WARPS, 1)
     rep.update(H=h, B=b, config=asdict(cfg), splits=plan.num_splits, tiles_per_split=plan.tiles_per_split)
     return rep

@@ -32,7 +32,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mla_kernels.merge import LOG2E, SplitPlan, merge, outputs, plan_splits
+from mla_kernels import launcher
+from mla_kernels.launcher import launch_constexprs
+from mla_kernels.merge import LOG2E, SplitPlan, plan_splits
 
 HEADS_PER_PROGRAM = 64
 NUM_WARPS = 8
@@ -244,14 +246,6 @@ def plan(
     return plan_splits(q, k, cfg.block_n, programs, num_splits, cfg.programs_per_sm, cfg.whole_wave, slots)
 
 
-def launch_constexprs(cfg: WarpgroupConfig, plan: SplitPlan) -> dict[str, Any]:
-    """The kernel's compile-time arguments for ``cfg`` and ``plan`` (the launch's and the offline report's)."""
-    return {
-        "TILES_PER_SPLIT": plan.tiles_per_split, "NUM_SPLITS": plan.num_splits, "BLOCK_N": cfg.block_n,
-        "NUM_BUF": cfg.num_buf, "DIRECT": plan.num_splits == 1, "SPLIT_P": cfg.split_p,
-    }  # fmt: skip
-
-
 def decode(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -273,16 +267,9 @@ def decode(
             "the warpgroup kernel needs a Hopper GPU, bf16 q and kv, H a multiple of 64 and 576-wide rows with "
             f"d_v 512; got {q.device}, {q.dtype}/{kv.dtype}, q {tuple(q.shape)}, d_v {d_v}"
         )
-    cfg = config or WarpgroupConfig()
-    q = q if q.stride(2) == 1 else q.contiguous()
-    kv = kv if kv.stride(1) == 1 else kv.contiguous()
-    indices = indices if indices.stride(1) == 1 else indices.contiguous()
-    splits = plan(q, indices.shape[1], cfg, num_splits)
-    out, lse, part, plse = outputs(q, d_v, splits, out, lse)
-    _launch(q, kv, indices, sm_scale, d_v, cfg, splits, out, lse, part, plse)
-    if splits.num_splits > 1:
-        merge(part, plse, out, lse)
-    return out, lse
+    return launcher.decode(
+        plan, _launch, q, kv, indices, sm_scale, d_v, config or WarpgroupConfig(), num_splits, out, lse
+    )
 
 
 def _launch(
@@ -321,17 +308,6 @@ def matrix_instructions(
 
     The keys are those of ``mla_kernels.mma.matrix_instructions``, so the tuning sweep prints both alike.
     """
-    cfg = config or WarpgroupConfig()
-    splits = plan(q, indices.shape[1], cfg, num_splits)
-    out, lse, part, plse = outputs(q, d_v, splits, None, None)
-    compiled = _launch(q, kv, indices, sm_scale, d_v, cfg, splits, out, lse, part, plse)
-    ptx = compiled.asm.get("ptx", "")
-    return {
-        "wgmma": ptx.count("wgmma.mma_async"),
-        "mma.sync": ptx.count("mma.sync"),
-        "registers": int(getattr(compiled, "n_regs", -1)),
-        "spills": int(getattr(compiled, "n_spills", -1)),
-        "shared_bytes": int(getattr(getattr(compiled, "metadata", None), "shared", -1)),
-        "async_copies": ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
-        "kv_buffers": cfg.num_buf,
-    }
+    return launcher.matrix_instructions(
+        plan, _launch, q, kv, indices, sm_scale, d_v, config or WarpgroupConfig(), num_splits
+    )

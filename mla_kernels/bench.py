@@ -329,7 +329,7 @@ def run_decode(
                     row = {
                         "backend": name,
                         # Which kernel the row timed: "mma" is a Gluon kernel where one applies.
-                        "kernel": gluon_kernel.__name__.rsplit(".", 1)[-1] if name == "mma" and gluon_kernel else name,
+                        "kernel": mma.kernel_name(case.q, kv, s.d_v) if name == "mma" and gluon_kernel else name,
                         "H": h,
                         "B": b,
                         "L": context,

@@ -42,7 +42,7 @@ from campaign.flags import checked_plan
 from campaign.gates import check_gates
 from campaign.golden import Reference
 from campaign.hosts.base import Host
-from campaign.interruption import Interrupted, Interruption, LeaveNow
+from campaign.interruption import Interrupted, Interruption, LeaveNow, checkpoint
 from campaign.lock import HostLock, host_state_dir
 from campaign.profile import ProfileTarget, profile_level
 from campaign.readiness import clock_offset, health_status, wait_ready
@@ -238,11 +238,14 @@ class Campaign:
                     if report.status == "running":
                         self._leave()
             except LeaveNow as e:
+                intr.caught(e)
                 self._left_now(e)
             except Interrupted as e:
+                intr.caught(e)
                 try:
                     self._on_interrupt(e)
                 except LeaveNow as e2:
+                    intr.caught(e2)
                     self._left_now(e2)
             except DirtyHost as e:
                 report.status = "restore_failed"
@@ -384,6 +387,7 @@ class Campaign:
         tried: list[dict[str, Any]] = []
         done = done_variants(self.report, self.planned) if self.resumed else {}
         for i, pv in enumerate(self.planned):
+            checkpoint()
             if pv.name in done:
                 self._take_done(pv, done[pv.name])
                 tried.append(dict(pv.knobs))
@@ -787,6 +791,7 @@ class Campaign:
         t0 = self._attempt_t0[index] = time.monotonic()
         stop = self.control.stop(None, grace_s=exp.timeouts.stop_grace_s)
         timings.stop_s = round(time.monotonic() - t0, 3)
+        checkpoint()
         if stop.stopped:
             self.emit(Event("stopped", index, pv.name, role, text=stop.detail))
         holders = self.control.port_holders(pv.spec.port)
@@ -836,6 +841,7 @@ class Campaign:
         timings.launch_to_ready_s = ready.launch_to_ready_s
         timings.ready_detect_lag_s = ready.ready_detect_lag_s
         timings.death_detect_lag_s = ready.death_detect_lag_s
+        checkpoint()
         failed_phase: str | None = None
         if not ready.ready:
             failed_phase = ready.phase
@@ -942,6 +948,7 @@ class Campaign:
                 att.note = f"smoke: {smoke.summary()}"
                 return "smoke"
         settings = self.bench_settings
+        checkpoint()
         if bench and settings is not None:
             t = time.monotonic()
 

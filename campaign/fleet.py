@@ -165,7 +165,9 @@ class Fleet:
                 try:
                     for d in done:
                         d.wait(_JOIN_S)
+                    intr.checkpoint()  # a signal whose exception was lost on its way (campaign.interruption)
                 except Interrupted as e:
+                    intr.caught(e)
                     for camp in self.parts:
                         camp.interrupt(e.signum)
             intr.quiet()

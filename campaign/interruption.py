@@ -14,6 +14,15 @@ manager, installed from the main thread):
 Sections that must not be cut in half (the launch and its record in current.json, taking the lock) run under
 ``shielded()``: a signal arriving there is raised when the section ends.
 
+**A raised signal can be lost.** Python runs the handler between any two bytecodes, and some code swallows what it
+raises: a finalizer (``__del__`` of an event loop the garbage collector frees: "Exception ignored in"), an asyncio
+callback (asyncio re-raises only ``KeyboardInterrupt`` and ``SystemExit`` from a transport's read), third-party
+``except BaseException``. A lost signal once let a run go on to the end and exit 0 after Ctrl-C. So the pipeline
+says when it has caught one (``caught``), and ``checkpoint()``, called where the run waits or moves to its next
+step (each readiness poll, each smoke question, each bench request, each phase of an attempt), raises again a signal
+that was counted but never caught. A finalizer's lost ``Interrupted`` is not printed (``sys.unraisablehook``), since
+the checkpoint raises it; ``unswallowed`` raises one that an asyncio callback swallowed at once.
+
 The exit code of an interrupted run is the shell's 128 + N: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP.
 
 Signals reach only the main thread. A fleet (``campaign.fleet``) runs each host's loop in a thread of its own, each
@@ -26,13 +35,15 @@ a caught one.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 #: The signals a run handles, in the order they are documented.
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -66,6 +77,10 @@ class Interruption:
     def __init__(self) -> None:
         self.count = 0
         self.first: int | None = None
+        #: The signal counted last (what a lost second signal is raised as).
+        self.last: int | None = None
+        #: How far the pipeline has caught up: 1 once it caught the first signal's ``Interrupted``, 2 a ``LeaveNow``.
+        self._caught = 0
         self._shield = 0
         self._pending: Interrupted | None = None
         self._quiet = False
@@ -77,6 +92,7 @@ class Interruption:
 
     def __enter__(self) -> Interruption:
         self._owner = threading.get_ident()
+        _active.current = self
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._saved[sig] = signal.signal(sig, self._handle)
@@ -85,6 +101,7 @@ class Interruption:
     def __exit__(self, *exc: object) -> None:
         with self._mutex:
             self._owner = None
+        _active.current = None
         for sig, old in self._saved.items():
             signal.signal(sig, old)
         self._saved.clear()
@@ -92,6 +109,7 @@ class Interruption:
     def _count(self, signum: int) -> Interrupted:
         """Count one signal; the exception it means (the first ``Interrupted``, later ones ``LeaveNow``)."""
         self.count += 1
+        self.last = signum
         if self.count == 1:
             self.first = signum
             return Interrupted(signum)
@@ -151,6 +169,89 @@ class Interruption:
     def quiet(self) -> None:
         """From now on signals are only counted (the run's last bookkeeping must not be cut)."""
         self._quiet = True
+
+    def caught(self, exc: Interrupted) -> None:
+        """The pipeline caught ``exc``: ``checkpoint`` no longer raises it (see the module docstring)."""
+        self._caught = max(self._caught, 2 if isinstance(exc, LeaveNow) else 1)
+
+    def lost(self) -> Interrupted | None:
+        """The exception of a signal that was counted but never caught, or None."""
+        if self.count >= 2 and self._caught < 2 and self.last is not None:
+            return LeaveNow(self.last)
+        if self.count >= 1 and self._caught < 1 and self.first is not None:
+            return Interrupted(self.first)
+        return None
+
+    def checkpoint(self) -> None:
+        """Raise a signal that was counted but lost on its way (not inside a shield, not once quiet)."""
+        if self._quiet or self._shield:
+            return
+        exc = self.lost()
+        if exc is not None:
+            raise exc
+
+
+class _Active(threading.local):
+    current: Interruption | None = None
+
+
+#: The Interruption active in each thread (a fleet runs one per host thread).
+_active = _Active()
+
+
+def checkpoint() -> None:
+    """Raise a lost signal of the run in this thread (``Interruption.checkpoint``); nothing outside a run."""
+    intr = _active.current
+    if intr is not None:
+        intr.checkpoint()
+
+
+def _unraisable(args: Any) -> None:
+    """``sys.unraisablehook``: an ``Interrupted`` a finalizer swallowed is left to ``checkpoint``, not printed."""
+    if isinstance(args.exc_value, Interrupted):
+        return
+    _default_unraisable(args)
+
+
+_default_unraisable = sys.unraisablehook
+sys.unraisablehook = _unraisable
+
+_T = TypeVar("_T")
+
+
+async def unswallowed(work: Coroutine[Any, Any, _T]) -> _T:
+    """Await ``work``; an ``Interrupted`` that asyncio swallowed in a loop callback cancels it and is raised here.
+
+    When a signal's exception lands inside a transport's read (``sock.recv``, ``data_received``) or another loop
+    callback, asyncio does not propagate a ``BaseException`` other than ``KeyboardInterrupt`` and ``SystemExit``: it
+    logs "Fatal read error on socket transport" (or "Exception in callback"), closes that one connection and carries
+    on. The work would then finish as if nothing had happened (the H200 run of 2026-12-03, ``longctx-01f4`` attempt
+    4: the wrapper's ``timeout`` fired mid-bench and the run ignored it). Here such an exception reaches the loop's
+    exception handler, which cancels the work and raises it from the awaiting call.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    caught: list[BaseException] = []
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, BaseException) and not isinstance(exc, Exception | asyncio.CancelledError):
+            caught.append(exc)
+            if task is not None:
+                task.cancel()
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+    try:
+        result = await work
+    except BaseException:
+        if caught:
+            raise caught[-1] from None  # the last one: a second signal (LeaveNow) outranks the first
+        raise
+    if caught:
+        raise caught[-1]
+    return result
 
 
 def _raise_in(thread_id: int, exc: Interrupted) -> None:

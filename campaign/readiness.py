@@ -28,6 +28,7 @@ import httpx
 
 from campaign.errors import HostError, HostKeyError, HostLost
 from campaign.hosts.base import Host
+from campaign.interruption import checkpoint
 from campaign.records import LaunchSpec, PhaseMark
 from campaign.server import Running, ServerControl
 
@@ -211,6 +212,7 @@ def wait_ready(
 
     failures = 0
     while True:
+        checkpoint()  # a signal lost on its way (see campaign.interruption) ends the wait at the next poll
         try:
             outcome = step()
         except (HostKeyError, HostLost):

@@ -63,6 +63,8 @@ class Background:
             stdout=subprocess.PIPE,
             stderr=self._err,
             start_new_session=True,  # signals go to the CLI alone, as the review sent them
+            # A CLI that never ends is aborted by ``finish``; this makes it print every thread's stack first.
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
         )
 
     @property
@@ -86,8 +88,17 @@ class Background:
         os.kill(self.proc.pid, sig)
 
     def finish(self, timeout: float = 180) -> tuple[int, str, str]:
-        """Wait for the end: (exit code, stdout, stderr)."""
-        out, _ = self.proc.communicate(timeout=timeout)
+        """Wait for the end: (exit code, stdout, stderr); a CLI still running after ``timeout`` fails the test.
+
+        The failure shows where it was stuck: SIGABRT makes the CLI's fault handler print each thread's stack.
+        """
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.communicate(timeout=20)
+            pytest.fail(f"the CLI still ran {timeout:g} s later; its stderr, then its stacks:\n{self.err[-12000:]}")
         self._err.close()
         return self.proc.returncode, out.decode(errors="replace"), self.err
 

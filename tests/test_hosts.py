@@ -159,7 +159,7 @@ def test_detached_server_returns_at_once(cmd_host: Host, tmp_path: Path) -> None
     elapsed = time.monotonic() - started
     pid = int(res.stdout.strip())
     try:
-        assert elapsed < 1.0, f"run() waited {elapsed:.2f} s on a detached server"
+        assert elapsed < 5.0, f"run() waited {elapsed:.2f} s on a detached server"  # not its 30 s
         os.kill(pid, 0)  # the server lives on after the command returned
         assert _wait_until(lambda: os.getpgid(pid) == pid, 5.0)  # in its own group once setsid ran
         assert _wait_until(lambda: log.exists() and log.read_text() == "up\n", 5.0)
@@ -417,7 +417,7 @@ def test_the_reconnect_budget_is_a_hard_deadline_and_is_used_to_its_end() -> Non
     with pytest.raises(HostLost, match=r"within 1 s \(\d+ attempts over 1\.\d s\): no answer"):
         reopen(silent, 1.0, "box", attempt_s=10.0)
     took = time.monotonic() - started
-    assert 1.0 <= took < 1.3, took
+    assert 1.0 <= took < 1.9, took  # the budget, give or take a busy box's late wake-ups; never 10 s
     assert all(t <= 1.0 for t in timeouts)  # never the whole 10 s connect timeout
 
     # Refused until 0.9 s, then up: the last attempt lands on the deadline, inside the budget.

@@ -41,9 +41,8 @@ import asyncio
 import platform
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, TypeVar
 
 import httpx
 
@@ -54,6 +53,7 @@ from campaign.bench.sla import Bisection
 from campaign.bench.sse import RequestRecord
 from campaign.bench.wire import Connections
 from campaign.errors import BenchError
+from campaign.interruption import unswallowed
 from campaign.records import (
     RESULT_SCHEMA_VERSION,
     BenchEvent,
@@ -74,45 +74,6 @@ COMPLETIONS_PATH = "/v1/completions"
 TOKENIZE_PATHS = ("/tokenize", "/v1/tokenize")
 #: Warm-up prompts come from far along the seeded sequence, so they never repeat a measured one.
 WARMUP_OFFSET = 10_000_000
-
-_T = TypeVar("_T")
-
-
-async def _unswallowed(work: Coroutine[Any, Any, _T]) -> _T:
-    """Await ``work``; an interruption that asyncio swallowed in a callback cancels it and is raised here.
-
-    A signal handler that raises (``campaign.interruption``: ``Interrupted`` on SIGTERM) raises wherever the main
-    thread is, and an exception delivered to a fleet's host thread lands at its next bytecode. When that is inside
-    a transport's read (``sock.recv``, ``data_received``) or another loop callback, asyncio does not propagate a
-    ``BaseException`` other than ``KeyboardInterrupt`` and ``SystemExit``: it logs "Fatal read error on socket
-    transport", closes that one connection (its stream then reads ``incomplete:connection_closed``) and carries
-    on. The bench then finished as if nothing had happened and the run ignored the signal (the H200 run of
-    2026-12-03, ``longctx-01f4`` attempt 4: the wrapper's ``timeout`` fired mid-bench). Here such an exception
-    reaches the loop's exception handler, which cancels the bench and raises it from ``run_bench``.
-    """
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    caught: list[BaseException] = []
-
-    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        exc = context.get("exception")
-        if isinstance(exc, BaseException) and not isinstance(exc, Exception | asyncio.CancelledError):
-            caught.append(exc)
-            if task is not None:
-                task.cancel()
-            return
-        loop.default_exception_handler(context)
-
-    loop.set_exception_handler(handler)
-    try:
-        result = await work
-    except BaseException:
-        if caught:
-            raise caught[-1] from None  # the last one: a second signal (LeaveNow) outranks the first
-        raise
-    if caught:
-        raise caught[-1]
-    return result
 
 
 async def _fetch_model(client: httpx.AsyncClient, base_url: str, headers: Mapping[str, str]) -> str:
@@ -365,7 +326,7 @@ def run_bench(
     in the result, and ``result.passed`` is False when any level's error rate exceeds ``settings.max_error_rate``
     (for an SLA search: when not even its lowest load met the SLOs). ``on_request`` receives every measured
     request as a ``RequestRow``. An ``Interrupted`` (a signal) that arrives while the bench runs ends it and is raised
-    from here, wherever in the event loop it landed (``_unswallowed``).
+    from here, wherever in the event loop it landed (``campaign.interruption.unswallowed``).
     """
     base = base_url.rstrip("/")
     for path in (CHAT_PATH, COMPLETIONS_PATH):
@@ -381,4 +342,4 @@ def run_bench(
         raise BenchError(f"not a valid URL: {base_url!r} ({e})", hint="for example http://127.0.0.1:30000") from e
     if port is not None and not 0 < port < 65536:
         raise BenchError(f"port {port} of {base_url!r} is out of range", hint="a TCP port is 1 to 65535")
-    return asyncio.run(_unswallowed(_bench(base, settings, model, progress, on_request)))
+    return asyncio.run(unswallowed(_bench(base, settings, model, progress, on_request)))

@@ -62,7 +62,22 @@ def experiment(tmp: Path) -> Path:
 
 
 def one(i: int, seed: int, when: str, span: float) -> dict[str, Any]:
-    """One run, one SIGINT; its outcome."""
+    """One run, one SIGINT; its outcome. What the run left running (the restored known-good) is stopped after."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"signal-stress-{i}-"))
+    try:
+        return _one(tmp, i, seed, when, span)
+    finally:
+        # Each run ends with its known-good serving, as it should: some 400 MB a server, so a few dozen runs
+        # left up would exhaust a small machine's memory.
+        subprocess.run(
+            [sys.executable, "-m", "campaign.cli", "--runs-dir", str(tmp / "runs"), "stop", str(tmp / "smokeint.yaml")],
+            cwd=REPO,
+            env={**os.environ, "CAMPAIGN_HOST_STATE": str(tmp / "state")},
+            capture_output=True,
+        )
+
+
+def _one(tmp: Path, i: int, seed: int, when: str, span: float) -> dict[str, Any]:
     rng = random.Random(seed * 1000 + i)
     if when == "smoke":
         mark, delay = (
@@ -71,7 +86,6 @@ def one(i: int, seed: int, when: str, span: float) -> dict[str, Any]:
         )
     else:
         mark, delay = "run ", rng.uniform(0, span)
-    tmp = Path(tempfile.mkdtemp(prefix=f"signal-stress-{i}-"))
     (tmp / "state").mkdir()
     env = {**os.environ, "CAMPAIGN_HOST_STATE": str(tmp / "state"), "PYTHONFAULTHANDLER": "1"}
     err_path = tmp / "stderr"

@@ -18,10 +18,13 @@ Sections that must not be cut in half (the launch and its record in current.json
 raises: a finalizer (``__del__`` of an event loop the garbage collector frees: "Exception ignored in"), an asyncio
 callback (asyncio re-raises only ``KeyboardInterrupt`` and ``SystemExit`` from a transport's read), third-party
 ``except BaseException``. A lost signal once let a run go on to the end and exit 0 after Ctrl-C. So the pipeline
-says when it has caught one (``caught``), and ``checkpoint()``, called where the run waits or moves to its next
-step (each readiness poll, each smoke question, each bench request, each phase of an attempt), raises again a signal
-that was counted but never caught. A finalizer's lost ``Interrupted`` is not printed (``sys.unraisablehook``), since
-the checkpoint raises it; ``unswallowed`` raises one that an asyncio callback swallowed at once.
+says when it has caught one (``caught``), and ``checkpoint()``, called where the run waits or moves to its next step
+(each readiness poll, each smoke question, each bench request, each phase of an attempt), raises again a signal
+whose exception was raised but never caught. Only one that was raised: a signal held by a shield, or handed to
+another thread and not landed there yet (``deliver``), is on its way, and raising it from a checkpoint as well would
+raise it twice, the second time in the middle of the clean-up. A finalizer's lost ``Interrupted`` is not printed
+(``sys.unraisablehook``), since the checkpoint raises it; ``unswallowed`` raises one that an asyncio callback
+swallowed at once.
 
 The exit code of an interrupted run is the shell's 128 + N: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP.
 
@@ -40,7 +43,7 @@ import ctypes
 import signal
 import sys
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, TypeVar
@@ -79,7 +82,9 @@ class Interruption:
         self.first: int | None = None
         #: The signal counted last (what a lost second signal is raised as).
         self.last: int | None = None
-        #: How far the pipeline has caught up: 1 once it caught the first signal's ``Interrupted``, 2 a ``LeaveNow``.
+        #: How far the exceptions raised so far and those the pipeline caught reach: 1 the first signal's
+        #: ``Interrupted``, 2 a ``LeaveNow`` (``lost`` is the difference).
+        self._raised = 0
         self._caught = 0
         self._shield = 0
         self._pending: Interrupted | None = None
@@ -135,6 +140,7 @@ class Interruption:
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         exc = self._take(signum)
         if exc is not None:
+            self.raised(exc)
             raise exc
 
     def deliver(self, signum: int) -> None:
@@ -147,7 +153,7 @@ class Interruption:
                 return
             exc = self._take(signum)
             if exc is not None:
-                _raise_in(self._owner, exc)
+                _raise_in(self._owner, exc, self.raised)
 
     @contextmanager
     def shielded(self) -> Iterator[None]:
@@ -164,31 +170,40 @@ class Interruption:
                     self._shield -= 1
         if not self._shield and self._pending is not None and not self._quiet:
             pending, self._pending = self._pending, None
+            self.raised(pending)
             raise pending
 
     def quiet(self) -> None:
         """From now on signals are only counted (the run's last bookkeeping must not be cut)."""
         self._quiet = True
 
+    def raised(self, exc: Interrupted) -> None:
+        """``exc`` is being raised in the run's thread (by the handler, a shield's end, or landing from ``deliver``)."""
+        self._raised = max(self._raised, _level(exc))
+
     def caught(self, exc: Interrupted) -> None:
         """The pipeline caught ``exc``: ``checkpoint`` no longer raises it (see the module docstring)."""
-        self._caught = max(self._caught, 2 if isinstance(exc, LeaveNow) else 1)
+        self._caught = max(self._caught, _level(exc))
 
     def lost(self) -> Interrupted | None:
-        """The exception of a signal that was counted but never caught, or None."""
-        if self.count >= 2 and self._caught < 2 and self.last is not None:
+        """The exception of a signal that was raised but never caught, or None."""
+        if self._raised <= self._caught:
+            return None
+        if self._raised >= 2 and self.last is not None:
             return LeaveNow(self.last)
-        if self.count >= 1 and self._caught < 1 and self.first is not None:
-            return Interrupted(self.first)
-        return None
+        return Interrupted(self.first) if self.first is not None else None
 
     def checkpoint(self) -> None:
-        """Raise a signal that was counted but lost on its way (not inside a shield, not once quiet)."""
+        """Raise a signal that was raised but lost on its way (not inside a shield, not once quiet)."""
         if self._quiet or self._shield:
             return
         exc = self.lost()
         if exc is not None:
             raise exc
+
+
+def _level(exc: Interrupted) -> int:
+    return 2 if isinstance(exc, LeaveNow) else 1
 
 
 class _Active(threading.local):
@@ -254,8 +269,8 @@ async def unswallowed(work: Coroutine[Any, Any, _T]) -> _T:
     return result
 
 
-def _raise_in(thread_id: int, exc: Interrupted) -> None:
-    """Raise (a copy of) ``exc`` in another thread at its next bytecode.
+def _raise_in(thread_id: int, exc: Interrupted, landed: Callable[[Interrupted], None]) -> None:
+    """Raise (a copy of) ``exc`` in another thread at its next bytecode; ``landed`` is called there when it does.
 
     CPython raises an exception *class* there, made with no arguments: a subclass that knows its signal stands in,
     so ``except Interrupted`` / ``except LeaveNow`` and ``exit_code`` read as for a caught signal.
@@ -265,6 +280,7 @@ def _raise_in(thread_id: int, exc: Interrupted) -> None:
 
     def init(self: Interrupted) -> None:
         base.__init__(self, signum)
+        landed(self)
 
     stand_in = type(base.__name__, (base,), {"__init__": init})
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(stand_in))

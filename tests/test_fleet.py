@@ -9,7 +9,9 @@ lines of the output, that the hosts worked at the same time, and what each box h
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -182,6 +184,7 @@ def test_sigterm_stops_every_host_and_restores_each(
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=err,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT below prints where a CLI that never ends is
         )
         try:
             deadline = time.monotonic() + 300
@@ -195,7 +198,15 @@ def test_sigterm_stops_every_host_and_restores_each(
                         continue  # read while being replaced
             assert len(busy) == 2, err_path.read_text()
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=180) == 143, err_path.read_text()
+            try:
+                rc = proc.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGABRT)  # its fault handler prints every thread's stack
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=20)
+                tail = err_path.read_text()[-15000:]
+                pytest.fail(f"the CLI still ran 180 s after SIGTERM; stderr, then stacks:\n{tail}")
+            assert rc == 143, err_path.read_text()
         finally:
             if proc.poll() is None:
                 proc.kill()

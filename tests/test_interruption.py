@@ -11,6 +11,7 @@ import asyncio
 import gc
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -76,6 +77,38 @@ def test_checkpoints_hold_inside_a_shield_and_once_quiet() -> None:
         _lose_one(intr)
         checkpoint()
     checkpoint()  # no run in this thread: nothing to raise
+
+
+def test_a_signal_handed_to_another_thread_is_not_lost_before_it_lands_there() -> None:
+    """A fleet host's thread gets the signal at its next bytecode; until then a checkpoint must not raise it too.
+
+    Raised twice, the second copy would land in the middle of the clean-up the first one started.
+    """
+    intr = Interruption()
+    blocked, release = threading.Event(), threading.Event()
+    seen: list[object] = []
+
+    def host() -> None:
+        with intr:
+            try:
+                blocked.set()
+                release.wait(30)  # blocked in C: a delivered exception lands when this returns
+                time.sleep(5)
+            except Interrupted as e:
+                seen.append(intr.lost())  # landed, not caught yet: a checkpoint would raise it
+                intr.caught(e)
+                seen.append(intr.lost())
+
+    thread = threading.Thread(target=host)
+    thread.start()
+    assert blocked.wait(10)
+    time.sleep(0.2)  # inside release.wait by now
+    intr.deliver(signal.SIGTERM)
+    assert intr.count == 1 and intr.lost() is None  # on its way, not lost
+    release.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert isinstance(seen[0], Interrupted) and seen[1] is None
 
 
 def test_a_signal_swallowed_by_an_asyncio_callback_ends_the_awaiting_call() -> None:

@@ -392,7 +392,9 @@ def test_a_stream_interval_writes_tokens_in_groups_with_the_same_answers(tmp_pat
         # the finish event (text "") in one more.
         assert text == "".join(t for read in one_by_one for t in read) and text.startswith("391")
         assert len(grouped) <= 5 < len(one_by_one)
-        assert grouped[0] == ["3"]
+        # The first write does not wait for four tokens. It holds the first alone unless the box is behind the
+        # engine, when what is queued by then goes with it (a busy CI box once put two there).
+        assert grouped[0][0] == "3" and len(grouped[0]) < 4
         assert chat(url, "What is 17×23?", max_tokens=8).json()["choices"][0]["message"]["content"] == "391"
     finally:
         stop_refserver(proc)

@@ -9,12 +9,9 @@ lines of the output, that the hosts worked at the same time, and what each box h
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from datetime import datetime
@@ -29,7 +26,7 @@ from rich.console import Console
 from campaign.campaign import Event
 from campaign.console.run import RunDisplay
 from campaign.hosts.ssh.testing import SSHServer
-from tests.test_faults import REPO, cleanup, cli, free_port, ours_running, show
+from tests.test_faults import Background, cleanup, cli, free_port, ours_running, show
 
 VARIANTS = [
     {"name": "small", "knobs": {"max_batch": 8}},
@@ -177,40 +174,23 @@ def test_sigterm_stops_every_host_and_restores_each(
     """A SIGTERM while each host has a variant under test: each is stopped and its host's baseline put back."""
     path, states = fleet_experiment(tmp_path, [sshd, second_sshd], at_end="known_good")
     names = [host_name(sshd), host_name(second_sshd)]
-    err_path = tmp_path / "stderr"
-    with err_path.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "campaign.cli", "--runs-dir", str(runs), "run", str(path)],
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT below prints where a CLI that never ends is
-        )
-        try:
-            deadline = time.monotonic() + 300
-            busy: dict[str, dict[str, Any]] = {}
-            while time.monotonic() < deadline and len(busy) < 2 and proc.poll() is None:
-                time.sleep(0.1)
-                for report_file in runs.glob("*/report.json"):
-                    try:
-                        busy = in_flight(json.loads(report_file.read_text()))
-                    except ValueError:
-                        continue  # read while being replaced
-            assert len(busy) == 2, err_path.read_text()
-            proc.send_signal(signal.SIGTERM)
-            try:
-                rc = proc.wait(timeout=180)
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGABRT)  # its fault handler prints every thread's stack
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=20)
-                tail = err_path.read_text()[-15000:]
-                pytest.fail(f"the CLI still ran 180 s after SIGTERM; stderr, then stacks:\n{tail}")
-            assert rc == 143, err_path.read_text()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    run = Background(tmp_path, "run", str(path), runs=runs)
+    try:
+        deadline = time.monotonic() + 300
+        busy: dict[str, dict[str, Any]] = {}
+        while time.monotonic() < deadline and len(busy) < 2 and run.proc.poll() is None:
+            time.sleep(0.1)
+            for report_file in runs.glob("*/report.json"):
+                try:
+                    busy = in_flight(json.loads(report_file.read_text()))
+                except ValueError:
+                    continue  # read while being replaced
+        assert len(busy) == 2, run.err
+        run.signal(signal.SIGTERM)
+        rc, _out, err = run.finish()  # one that never ends fails with its stacks
+        assert rc == 143, err
+    finally:
+        run.kill()
     report = show(runs)
     assert report["status"] == "interrupted" and report["signal"] == "SIGTERM"
     attempts = {a["index"]: a for a in report["attempts"]}

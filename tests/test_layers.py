@@ -12,7 +12,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "campaign"
 #: Modules that may import inside functions, and why: the CLI keeps `campaign --help` fast by importing a command's
 #: machinery only when that command runs; ``open_host`` loads paramiko only for an SSH host.
-LAZY_OK = {"campaign.cli", "campaign.hosts"}
+LAZY_OK = {
+    "campaign.cli",
+    "campaign.cli.app",
+    "campaign.cli.control",
+    "campaign.cli.history",
+    "campaign.cli.analysis",
+    "campaign.hosts",
+}
 
 
 def _module(path: Path) -> str:

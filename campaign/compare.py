@@ -27,7 +27,6 @@ from campaign.comparison import (
     ALPHA,
     CONFIDENCE,
     MIN_EFFECT,
-    PLOTTED_METRICS,
     Column,
     Comparison,
     FieldRow,
@@ -38,10 +37,18 @@ from campaign.comparison import (
     Series,
     SeriesPoint,
     metric_key,
-    unit_of,
 )
 from campaign.errors import StoreError, UsageError
-from campaign.records import METRICS, Attempt, BenchResult, LevelResult, RunReport
+from campaign.records import (
+    METRICS,
+    PLOTTED_METRICS,
+    SHOWN_METRICS,
+    Attempt,
+    BenchResult,
+    LevelResult,
+    RunReport,
+    unit_of,
+)
 from campaign.redaction import mask_env
 from campaign.statistics import (
     Correction,
@@ -54,18 +61,6 @@ from campaign.statistics import (
     welch,
 )
 
-#: The metrics shown per level, in order.
-SHOWN_METRICS = (
-    "output_throughput",
-    "request_throughput",
-    "ttft.median",
-    "ttft.p90",
-    "itl.median",
-    "tpot.median",
-    "e2e.median",
-    "e2e.p90",
-    "error_rate",
-)
 #: Environment fields always shown (others only when they differ, or with all_fields).
 KEY_ENVIRONMENT = ("host", "gpu", "driver", "server_version", "kernel_hash")
 

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, computed_field
 
+from campaign.records import unit_of
 from campaign.statistics import Correction
 
 ALPHA = 0.05
@@ -22,14 +23,7 @@ CONFIDENCE = 0.95
 #: The smallest change a verdict calls significant, as a fraction of the reference (criterion's noise threshold):
 #: launch-to-launch drift of a few percent is real but is not what a variant changed, and an A/A run shows it.
 MIN_EFFECT = 0.05
-#: The metrics a plot draws, one panel each.
-PLOTTED_METRICS = ("output_throughput", "ttft.median", "tpot.median", "e2e.p90")
 CORRECTION_NAMES: dict[str, str] = {"holm": "Holm", "bh": "Benjamini-Hochberg", "none": "no correction"}
-
-
-def unit_of(metric: str) -> str:
-    """The unit a metric is measured in: ``tok/s``, ``req/s``, ``fraction`` (error rate) or ``ms``."""
-    return {"output_throughput": "tok/s", "request_throughput": "req/s", "error_rate": "fraction"}.get(metric, "ms")
 
 
 def metric_key(metric: str) -> str:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from campaign.comparison import PLOTTED_METRICS, Comparison, metric_key, unit_of
+from campaign.comparison import Comparison, metric_key
 from campaign.errors import UsageError
+from campaign.records import PLOTTED_METRICS, unit_of
 
 _TITLES = {
     "output_throughput": "output throughput",

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from campaign.bench import make_prompts, run_bench
 from campaign.bench.testing import ScheduledServer
 from campaign.errors import BenchError
-from campaign.records import BenchEvent, BenchResult, BenchSettings, LatencyStats, percentile
+from campaign.records import TABLE, BenchEvent, BenchResult, BenchSettings, LatencyStats, percentile
 
 TTFT_MS = 40.0
 ITL_MS = 10.0
@@ -61,6 +61,27 @@ def test_result_round_trips_through_its_stored_form(scheduled: ScheduledServer) 
     again = BenchResult.model_validate(result.model_dump())
     assert again == result
     assert BenchResult.model_validate_json(result.model_dump_json()) == result
+
+
+def test_every_metric_of_the_table_is_measured_in_its_unit(scheduled: ScheduledServer) -> None:
+    """Each row of the metrics table is a value a level measures, pooled and per repeat, in the row's unit."""
+    result = run_bench(scheduled.url, BenchSettings(concurrency=[2], requests=6, warmup=0, repeats=2))
+    (lv,) = result.levels
+    per_s = {"tok/s": lv.output_tokens / lv.duration_s, "req/s": lv.successful / lv.duration_s}
+    for m in TABLE:
+        value = lv.metric(m.name)
+        assert value is not None, m.name
+        for rep in lv.repeats:
+            assert rep.metrics[m.name] is not None, (m.name, rep.repeat)
+        if m.unit == "ms":  # the schedule's own timing: tens of milliseconds, never seconds
+            assert ITL_MS / 2 < value < 2000, m.name
+        elif m.unit == "fraction":
+            assert value == 0.0
+        elif m.name in ("output_throughput", "request_throughput"):
+            assert value == pytest.approx(per_s[m.unit]), m.name
+        else:
+            assert m.unit == "tok/s" and value > 0, m.name
+    assert {name for rep in lv.repeats for name in rep.metrics} == {m.name for m in TABLE}
 
 
 def test_poisson_rate_level(scheduled: ScheduledServer) -> None:

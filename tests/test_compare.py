@@ -259,6 +259,11 @@ def test_long_format_csv(stored: list[RunReport]) -> None:
     assert {r["repeat"] for r in rows} == {"0", "1"}
     tput = [r for r in rows if r["metric"] == "output_throughput"]
     assert {r["unit"] for r in tput} == {"tok/s"} and all(float(r["value"]) > 0 for r in tput)
+    # Every metric in its own unit (input throughput was once labelled ms).
+    units = {r["metric"]: r["unit"] for r in rows}
+    assert units["input_throughput"] == units["total_throughput"] == "tok/s"
+    assert units["request_throughput"] == "req/s" and units["error_rate"] == "fraction"
+    assert units["ttft.p90"] == units["e2e.median"] == "ms"
     assert {int(r["concurrency"]) for r in tput} == {1, 4} and {r["request_rate"] for r in tput} == {""}
 
 

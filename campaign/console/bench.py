@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from campaign.records import BenchEvent, BenchResult, LatencyStats
+from campaign.records import BenchEvent, BenchResult, LatencyStats, unit_of
 
 
 def _ms(value: float | None) -> str:
@@ -81,10 +81,10 @@ def render_bench(console: Console, result: BenchResult) -> None:
         ("failed", "right"),
         ("incomplete", "right"),
         ("error rate", "right"),
-        ("req/s", "right"),
-        ("in tok/s", "right"),
-        ("out tok/s", "right"),
-        ("total tok/s", "right"),
+        (unit_of("request_throughput"), "right"),
+        (f"in {unit_of('input_throughput')}", "right"),
+        (f"out {unit_of('output_throughput')}", "right"),
+        (f"total {unit_of('total_throughput')}", "right"),
         ("TTFT p50", "right"),
         ("ITL p50", "right"),
         ("TPOT p50", "right"),

@@ -32,14 +32,11 @@ A change that renames or removes a field bumps ``SCHEMA_VERSION`` and adds a rea
 """
 
 from campaign.records.benchmark import (
-    METRICS,
     RESULT_SCHEMA_VERSION,
-    SLA_METRICS,
     BenchEvent,
     BenchResult,
     BenchSettings,
     Gate,
-    LatencyStats,
     LevelResult,
     Load,
     RepeatSample,
@@ -47,7 +44,6 @@ from campaign.records.benchmark import (
     SlaResult,
     SlaSettings,
     SlaTrial,
-    percentile,
 )
 from campaign.records.documents import (
     AttemptSummary,
@@ -74,6 +70,17 @@ from campaign.records.documents import (
 )
 from campaign.records.findings import Finding
 from campaign.records.knobs import KnobValue, show_value
+from campaign.records.metrics import (
+    METRICS,
+    PLOTTED_METRICS,
+    SHOWN_METRICS,
+    SLA_METRICS,
+    TABLE,
+    LatencyStats,
+    Metric,
+    percentile,
+    unit_of,
+)
 from campaign.records.profile import (
     KERNEL_CLASSES,
     ClassTime,
@@ -110,9 +117,12 @@ from campaign.records.report import (
 __all__ = [
     "KERNEL_CLASSES",
     "METRICS",
+    "PLOTTED_METRICS",
     "RESULT_SCHEMA_VERSION",
     "SCHEMA_VERSION",
+    "SHOWN_METRICS",
     "SLA_METRICS",
+    "TABLE",
     "Attempt",
     "AttemptSummary",
     "BenchEvent",
@@ -142,6 +152,7 @@ __all__ = [
     "LevelResult",
     "Load",
     "LockHolder",
+    "Metric",
     "Outcome",
     "PhaseMark",
     "PlanEntry",
@@ -176,4 +187,5 @@ __all__ = [
     "VariantCost",
     "percentile",
     "show_value",
+    "unit_of",
 ]

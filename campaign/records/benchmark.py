@@ -1,37 +1,23 @@
-# Over 500 lines: every bench record (settings, loads, gates, statistics, levels, SLA search, results) in one schema.
 """Bench records: the settings of a bench, its load levels and gates, and what it measured.
 
 ``BenchSettings`` is the ``bench:`` section of an experiment file (and ``campaign bench``'s options); ``BenchResult``
-is what ``campaign.bench.run_bench`` returns and what a report stores as ``Attempt.bench``. ``METRICS`` names what a
-gate or a comparison can ask a level for, ``SLA_METRICS`` what a gate can ask an SLA search for (``SlaSettings`` /
-``SlaResult``). Definitions of the metrics are in ``campaign.bench``'s docstring.
+is what ``campaign.bench.run_bench`` returns and what a report stores as ``Attempt.bench``. The metrics a gate or a
+comparison can ask a level for are the table of ``campaign.records.metrics``; ``SLA_METRICS`` what a gate can ask an SLA
+search for (``SlaSettings`` / ``SlaResult``). Definitions of the metrics are in ``campaign.bench``'s docstring.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
+from campaign.records.metrics import METRICS, SLA_METRICS, LatencyStats
+
 #: Version of the ``BenchResult`` layout (``BenchResult.schema_version``); see ``campaign.records`` for the history.
 RESULT_SCHEMA_VERSION = 1
-
-#: Metric names a gate or a comparison can ask a level for, and whether higher is better.
-METRICS: dict[str, bool] = {
-    "output_throughput": True,
-    "input_throughput": True,
-    "total_throughput": True,
-    "request_throughput": True,
-    "error_rate": False,
-    **{f"{m}.{s}": False for m in ("ttft", "itl", "tpot", "e2e") for s in ("mean", "median", "p90", "p99")},
-}
-
-#: What a gate can ask of an SLA search (all higher-is-better): the highest load that met every SLO, and the
-#: output tokens / requests per second measured there (goodput).
-SLA_METRICS: dict[str, bool] = {"sla.max": True, "sla.goodput": True, "sla.request_goodput": True}
 
 
 class Gate(BaseModel):
@@ -313,48 +299,6 @@ class Load(BaseModel):
     def x(self) -> float:
         """Where this level sits on a plot's x axis: its concurrency, or its request rate."""
         return float(self.concurrency if self.concurrency is not None else self.request_rate or 0.0)
-
-
-class LatencyStats(BaseModel):
-    """Summary of one latency metric over a level, in milliseconds (None when there were no samples)."""
-
-    count: int = 0
-    mean: float | None = None
-    median: float | None = None
-    p90: float | None = None
-    p99: float | None = None
-    std: float | None = None
-    min: float | None = None
-    max: float | None = None
-
-    @classmethod
-    def of(cls, samples_s: Sequence[float]) -> LatencyStats:
-        """Summarise samples given in seconds."""
-        if not samples_s:
-            return cls()
-        ms = sorted(s * 1000.0 for s in samples_s)
-        mean = math.fsum(ms) / len(ms)
-        var = math.fsum((v - mean) ** 2 for v in ms) / len(ms)
-        return cls(
-            count=len(ms),
-            mean=mean,
-            median=percentile(ms, 50),
-            p90=percentile(ms, 90),
-            p99=percentile(ms, 99),
-            std=math.sqrt(var),
-            min=ms[0],
-            max=ms[-1],
-        )
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile of already sorted values, linearly interpolated (numpy's default method)."""
-    if not sorted_values:
-        raise ValueError("percentile of no values")
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 class RepeatSample(BaseModel):

@@ -553,13 +553,18 @@ def test_proxy_jump_through_the_same_sshd(sshd: SSHServer) -> None:
 
 def test_proxy_jump_chain(sshd: SSHServer, tmp_path: Path) -> None:
     config = tmp_path / "ssh_config"
+    # OpenSSH refuses a chain whose last hop is the target itself ("jumphost loop"), so the second hop is the same
+    # sshd under another name; its own Host block says which key and known_hosts it uses.
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(
+        sshd.known_hosts_line + "\n" + sshd.known_hosts_line.replace("127.0.0.1", "localhost") + "\n"
+    )
     config.write_text(
         sshd.ssh_config.read_text()
         + f"\nHost chained\n    HostName 127.0.0.1\n    Port {sshd.port}\n    User {sshd.user}\n"
         f"    IdentityFile {sshd.client_key}\n    UserKnownHostsFile {sshd.known_hosts}\n"
-        f"    ProxyJump {sshd.alias},{sshd.user}@127.0.0.1:{sshd.port}\n"
-        # The second hop is named by address: its own Host block says which key and known_hosts it uses.
-        f"\nHost 127.0.0.1\n    IdentityFile {sshd.client_key}\n    UserKnownHostsFile {sshd.known_hosts}\n"
+        f"    ProxyJump {sshd.alias},{sshd.user}@localhost:{sshd.port}\n"
+        f"\nHost localhost\n    IdentityFile {sshd.client_key}\n    UserKnownHostsFile {known_hosts}\n"
     )
     logins = len(sshd.accepted_logins())
     host = SSHHost.open(SSHTarget("chained", ssh_config=str(config)))

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import paramiko
 
 from campaign.errors import HostError, HostKeyError, HostTimeout
-from campaign.hosts.ssh.target import Hop, SSHTarget, load_ssh_config, parse_hop, resolve
+from campaign.hosts.ssh.openssh import expand_tokens, resolve_openssh, ssh_client
+from campaign.hosts.ssh.proxy import Proxy
+from campaign.hosts.ssh.target import DEFAULT_SSH_CONFIG, Hop, SSHTarget, load_ssh_config, parse_hop, resolve
 
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 #: Seconds between keepalive messages on the transport: a NAT or firewall does not drop an idle campaign.
@@ -31,12 +33,13 @@ MAX_JUMPS = 8
 
 
 class Link:
-    """One open SSH connection (client and transport) to one hop, and the jump host's link it goes through."""
+    """One open SSH connection (client and transport) to one hop, and the jump host's link or proxy it goes through."""
 
-    def __init__(self, hop: Hop, client: paramiko.SSHClient, via: Link | None) -> None:
+    def __init__(self, hop: Hop, client: paramiko.SSHClient, via: Link | None, proxy: Proxy | None = None) -> None:
         self.hop = hop
         self.client = client
         self.via = via
+        self.proxy = proxy
         self.name = hop.name
         transport = client.get_transport()
         if transport is None:  # connect() returned, so this is a paramiko invariant, not a user error
@@ -55,8 +58,10 @@ class Link:
         )
 
     def close(self) -> None:
-        """Close this connection, then the jump host's."""
+        """Close this connection, then the jump host's or the ProxyCommand."""
         self.client.close()
+        if self.proxy is not None:
+            self.proxy.close()
         if self.via is not None:
             self.via.close()
 
@@ -77,11 +82,42 @@ class _Request:
 
 
 class Connector:
-    """Opens ``target`` (its ProxyJump hosts first) with the ssh_config read once; ``open`` again to reconnect."""
+    """Opens ``target`` (its ProxyJump hosts or ProxyCommand first); ``open`` again to reconnect the same way.
+
+    Each hop is resolved as OpenSSH resolves it (``ssh -G``: Include, Match, tokens) when an OpenSSH client is
+    installed, else with paramiko's reader (read once here); ``ssh_config: null`` reads no config at all.
+    """
 
     def __init__(self, target: SSHTarget) -> None:
         self.target = target
+        # A file named on purpose must exist; paramiko's reader also checks it can be parsed.
         self._config = load_ssh_config(target.ssh_config)
+        self._ssh = ssh_client() if target.ssh_config is not None else None
+
+    def _resolve(self, req: _Request) -> Hop:
+        t = self.target
+        if (
+            self._ssh is not None
+            and t.ssh_config is not None
+            and (self._config is not None or t.ssh_config == DEFAULT_SSH_CONFIG)
+        ):
+            return resolve_openssh(
+                self._ssh,
+                t.ssh_config,
+                req.host,
+                user=req.user,
+                port=req.port,
+                key_filename=req.key_filename,
+                known_hosts=t.known_hosts,
+            )
+        return resolve(
+            self._config,
+            req.host,
+            user=req.user,
+            port=req.port,
+            key_filename=req.key_filename,
+            known_hosts=t.known_hosts,
+        )
 
     def open(self, timeout: float | None = None) -> Link:
         """Resolve, connect, verify the host key and authenticate, hop by hop.
@@ -100,19 +136,13 @@ class Connector:
                 f"ProxyJump chain to {req.host} is longer than {MAX_JUMPS} hops",
                 hint="check the ssh_config for a ProxyJump loop",
             )
-        hop = resolve(
-            self._config,
-            req.host,
-            user=req.user,
-            port=req.port,
-            key_filename=req.key_filename,
-            known_hosts=t.known_hosts,
-        )
+        hop = self._resolve(req)
         if not hop.key_files and req.fallback_key:
             hop = dataclasses.replace(hop, key_files=(os.path.expanduser(req.fallback_key),))
         chain = hop.jumps if req.jumps is None else req.jumps
         via: Link | None = None
-        sock: paramiko.Channel | None = None
+        proxy: Proxy | None = None
+        sock: paramiko.Channel | socket.socket | None = None
         if chain:
             hop_user, hop_host, hop_port = parse_hop(chain[-1])
             # One hop: the jump host's own config applies (its ProxyJump too). More: the rest of the chain.
@@ -133,13 +163,45 @@ class Connector:
             except BaseException:
                 via.close()
                 raise
+        elif hop.proxy_command and req.jumps is None:
+            command = expand_tokens(
+                hop.proxy_command,
+                hostname=hop.hostname,
+                port=hop.port,
+                user=hop.user,
+                alias=hop.alias,
+                what=f"the ProxyCommand of {hop.alias}",
+            )
+            proxy = Proxy(command, hop.alias)
+            sock = proxy.sock
         try:
             client = handshake(hop, sock, t.accept_new_host_key, timeout, agent=not req.key_filename)
-            return Link(hop, client, via)
-        except BaseException:
-            if via is not None:
-                via.close()
+            return Link(hop, client, via, proxy)
+        except HostKeyError:
+            _close(via, proxy)
             raise
+        except HostError as exc:
+            _close(via, proxy)
+            if proxy is None:
+                raise
+            # The proxy's own words say why the box could not be reached (no route, expired login, ...); when it
+            # ended, what paramiko saw (an EOF) is only the consequence.
+            said = proxy.diagnosis()
+            message = f"{hop.name}: cannot connect: {said}" if proxy.process.poll() is not None else f"{exc}; {said}"
+            raise type(exc)(
+                message,
+                hint="run the ProxyCommand (or `ssh " + hop.alias + " true`) yourself to see it fail, then fix it",
+            ) from exc
+        except BaseException:
+            _close(via, proxy)
+            raise
+
+
+def _close(via: Link | None, proxy: Proxy | None) -> None:
+    if proxy is not None:
+        proxy.close()
+    if via is not None:
+        via.close()
 
 
 def open_channel(
@@ -220,7 +282,7 @@ def _ends_with_newline(path: str) -> bool:
 
 def handshake(
     hop: Hop,
-    sock: paramiko.Channel | None,
+    sock: paramiko.Channel | socket.socket | None,
     accept_new: bool,
     timeout: float,
     *,
@@ -239,17 +301,25 @@ def handshake(
             f"cannot read known_hosts {hop.known_hosts}: {exc.strerror or exc}", hint="fix its permissions"
         ) from exc
     client.set_missing_host_key_policy(_KnownHostsPolicy(hop.known_hosts, accept_new))
+    # A key named with a CertificateFile is offered with its certificate (paramiko loads KEY-cert.pub by itself).
+    pkey = certified_key(hop)
+    if agent and hop.identity_agent is not None:
+        # IdentityAgent names another agent than $SSH_AUTH_SOCK ("none": no agent): its first key is offered.
+        agent = False
+        if pkey is None and hop.identity_agent.lower() != "none":
+            pkey = agent_key(hop.identity_agent, where)
     started = time.monotonic()
     try:
         client.connect(
             hop.hostname,
             port=hop.port,
             username=hop.user,
+            pkey=pkey,
             # paramiko documents a list of key files here; types-paramiko only knows a single str.
             key_filename=list(hop.key_files) or None,  # type: ignore[arg-type]
             # An explicit key is the one to use; otherwise the agent and the default keys, as ssh does.
             allow_agent=agent,
-            look_for_keys=not hop.key_files,
+            look_for_keys=not hop.key_files and pkey is None,
             timeout=timeout,
             banner_timeout=timeout,
             auth_timeout=timeout,
@@ -269,6 +339,44 @@ def handshake(
             # Small messages (a channel open, a short request) must not wait out Nagle + delayed ACK (~40 ms).
             transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return client
+
+
+def certified_key(hop: Hop) -> paramiko.PKey | None:
+    """The first identity key that one of the hop's CertificateFile certificates certifies, with it loaded."""
+    for cert in hop.certificate_files:
+        for key_file in hop.key_files:
+            try:
+                key = paramiko.PKey.from_path(key_file)
+                key.load_certificate(cert)
+            except (paramiko.SSHException, OSError, ValueError):
+                continue  # encrypted, unreadable, or not this certificate's key
+            return key
+    return None
+
+
+class _SocketAgent(paramiko.agent.AgentSSH):
+    """An ssh-agent reached at a named socket (IdentityAgent), not through $SSH_AUTH_SOCK."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(10)
+        conn.connect(path)
+        self._connect(conn)  # type: ignore[attr-defined]  # AgentSSH's own way in; not in types-paramiko
+
+
+def agent_key(path: str, where: str) -> paramiko.PKey:
+    """The first key of the agent at ``path``."""
+    try:
+        keys = _SocketAgent(path).get_keys()
+    except (OSError, paramiko.SSHException) as exc:
+        raise HostError(
+            f"{where}: cannot reach the IdentityAgent {path}: {exc}",
+            hint="start the agent or fix IdentityAgent in the ssh_config",
+        ) from exc
+    if not keys:
+        raise HostError(f"{where}: the IdentityAgent {path} holds no key", hint="add the key with `ssh-add`")
+    return keys[0]
 
 
 def _connect_error(exc: Exception, hop: Hop, where: str, timeout: float, elapsed: float) -> HostError:

@@ -62,6 +62,11 @@ class SSHHost:
         self.reconnects = 0
         self._reconnect_lock = threading.Lock()
 
+    @property
+    def link(self) -> Link:
+        """The connection in use now (a reconnect replaces it): its hop, and the jump host or ProxyCommand it uses."""
+        return self._link
+
     # -- construction ------------------------------------------------------------------------------------------------
 
     @classmethod

@@ -1,8 +1,9 @@
 """Where an SSH host is: the target as asked for, and each hop as the ssh_config resolves it.
 
 ``SSHTarget`` is the one value the rest of the package passes around (frozen: a reconnect opens the same target
-again). ``resolve`` applies the ssh_config's Host block to one hop, explicit values winning over the config as on
-the ssh command line; ``parse_hop`` reads one ProxyJump entry.
+again). ``resolve`` applies the ssh_config to one hop with paramiko's reader, explicit values winning over the config
+as on the ssh command line: the fallback where no OpenSSH client is installed (``openssh.resolve_openssh`` asks
+``ssh -G`` otherwise); ``parse_hop`` reads one ProxyJump entry.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ class Hop:
     known_hosts: str
     #: ``[user@]host[:port]`` hops, first hop first; empty for a direct connection.
     jumps: tuple[str, ...] = ()
+    #: The ProxyCommand that carries the connection (tokens not yet expanded); None for a direct one.
+    proxy_command: str | None = None
+    #: CertificateFile entries that exist: certificates for the identity keys.
+    certificate_files: tuple[str, ...] = ()
+    #: IdentityAgent: the agent socket to use instead of $SSH_AUTH_SOCK, or "none" for no agent.
+    identity_agent: str | None = None
 
     @property
     def name(self) -> str:
@@ -106,13 +113,8 @@ def resolve(
     kh = known_hosts
     if kh is None and entry.get("userknownhostsfile"):
         kh = str(entry["userknownhostsfile"]).split()[0]
-    jumps_raw = str(entry.get("proxyjump") or "")
-    jumps = [] if jumps_raw.lower() in ("", "none") else [j.strip() for j in jumps_raw.split(",") if j.strip()]
-    if entry.get("proxycommand") and not jumps:
-        raise HostError(
-            f"host {host} uses ProxyCommand, which campaign does not run",
-            hint="use ProxyJump in the ssh_config instead",
-        )
+    jumps = split_jumps(str(entry.get("proxyjump") or ""))
+    proxy = str(entry.get("proxycommand") or "")
     return Hop(
         alias=host,
         hostname=hostname,
@@ -121,7 +123,14 @@ def resolve(
         key_files=tuple(keys),
         known_hosts=os.path.expanduser(kh or DEFAULT_KNOWN_HOSTS),
         jumps=tuple(jumps),
+        # paramiko's reader has already expanded the tokens; a literal % left must survive our expansion.
+        proxy_command=None if jumps or proxy.lower() in ("", "none") else proxy.replace("%", "%%"),
     )
+
+
+def split_jumps(text: str) -> list[str]:
+    """The hops of a ProxyJump value (``none`` and empty: a direct connection)."""
+    return [] if text.strip().lower() in ("", "none") else [j.strip() for j in text.split(",") if j.strip()]
 
 
 def parse_hop(text: str) -> tuple[str | None, str, int | None]:

@@ -140,8 +140,10 @@ def _banner(port: int) -> bool:
         return False
 
 
-def _sshd_config(root: Path, port: int) -> str:
-    return f"""\
+def _sshd_config(root: Path, port: int, extra: str = "") -> str:
+    return (
+        extra
+        + f"""\
 Port {port}
 ListenAddress 127.0.0.1
 AddressFamily inet
@@ -161,16 +163,17 @@ PrintMotd no
 PrintLastLog no
 UseDNS no
 """
+    )
 
 
-def _start(sshd_bin: str, root: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """Start sshd on a free port; a lost race for the port is retried on another one."""
+def _start(sshd_bin: str, root: Path, extra: str = "", port: int | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """Start sshd on a free port (or ``port``); a lost race for a free port is retried on another one."""
     log = root / "sshd.log"
     last = ""
     for _ in range(5):
-        port = _free_port()
+        port = port or _free_port()
         config = root / "sshd_config"
-        config.write_text(_sshd_config(root, port))
+        config.write_text(_sshd_config(root, port, extra))
         proc = subprocess.Popen(
             [sshd_bin, "-D", "-e", "-f", str(config), "-E", str(log)],
             stdin=subprocess.DEVNULL,
@@ -186,14 +189,16 @@ def _start(sshd_bin: str, root: Path) -> tuple[subprocess.Popen[bytes], int]:
             proc.kill()
         proc.wait(timeout=5)
         last = log.read_text(errors="replace") if log.exists() else ""
+        port = None
     raise RuntimeError(f"the test sshd did not start; its log:\n{last}")
 
 
-def start_test_sshd(root: Path) -> tuple[SSHServer, subprocess.Popen[bytes]]:
+def start_test_sshd(root: Path, extra_config: str = "") -> tuple[SSHServer, subprocess.Popen[bytes]]:
     """Start a throwaway sshd under ``root`` (keys, config, known_hosts there); the caller terminates the process.
 
     Used by the tests' ``sshd`` fixture and by scripts that measure the loop over real SSH (scripts/loop_lag.py).
-    Raises ``ToolMissing`` when OpenSSH is not installed.
+    ``extra_config`` goes first in its sshd_config (sshd takes the first value of a keyword), e.g.
+    ``TrustedUserCAKeys``. Raises ``ToolMissing`` when OpenSSH is not installed.
     """
     sshd_bin = find_tool("sshd")
     keygen = find_tool("ssh-keygen")
@@ -207,7 +212,7 @@ def start_test_sshd(root: Path) -> tuple[SSHServer, subprocess.Popen[bytes]]:
     (root / "authorized_keys").write_text(Path(f"{client_key}.pub").read_text())
     user = pwd.getpwuid(os.geteuid()).pw_name
 
-    proc, port = _start(sshd_bin, root)
+    proc, port = _start(sshd_bin, root, extra_config)
     known_hosts = root / "known_hosts"
     known_hosts.write_text(f"[127.0.0.1]:{port} {host_public}\n")
     block = (
@@ -234,6 +239,27 @@ def start_test_sshd(root: Path) -> tuple[SSHServer, subprocess.Popen[bytes]]:
         root=root,
     )
     return server, proc
+
+
+def restart_test_sshd(server: SSHServer, proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """Restart a test sshd as an admin would: every connection cut, the daemon stopped, started again on its port."""
+    cut_connections(proc.pid)
+    proc.terminate()
+    proc.wait(timeout=10)
+    sshd_bin = find_tool("sshd")
+    config = server.root / "sshd_config"
+    new = subprocess.Popen(
+        [sshd_bin, "-D", "-e", "-f", str(config), "-E", str(server.log)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and new.poll() is None:
+        if _banner(server.port):
+            return new
+        time.sleep(0.05)
+    raise RuntimeError(f"the test sshd did not come back on port {server.port}")
 
 
 def cut_connections(sshd_pid: int) -> int:

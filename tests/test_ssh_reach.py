@@ -3,7 +3,7 @@
 One real sshd on 127.0.0.1 for the module (it trusts a throwaway user CA), and an ssh_config that names it the ways
 engineers' configs do: behind `ProxyCommand ssh -W` (the bastion form; the target's HostName does not resolve here,
 so only the proxy can reach it), behind a ProxyJump host that is itself reached by a ProxyCommand, through a
-`Match originalhost` block in an `Include`d file, and with a key that only its CA-signed certificate lets in. Each
+`Match host` block in an `Include`d file, and with a key that only its CA-signed certificate lets in. Each
 host runs the loop's host calls (run, upload, a forwarded port) and comes back after the sshd restarts.
 """
 
@@ -80,7 +80,7 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
     )
     bastion = f"ssh -F {config} -W 127.0.0.1:%p bastion"
     (root / "match.conf").write_text(
-        f"Match originalhost gpu-*\n    HostName 127.0.0.1\n{common}    IdentityFile {server.client_key}\n"
+        f"Match host gpu-*\n    HostName 127.0.0.1\n{common}    IdentityFile {server.client_key}\n"
     )
     config.write_text(
         f"Include {root}/match.conf\n\n"

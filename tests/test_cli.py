@@ -32,6 +32,7 @@ from campaign.records import (
     RunRow,
     StopReport,
 )
+from campaign.version import BASE
 from tests.fixtures.stored import kept
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,9 +86,22 @@ def test_help(flag: str) -> None:
     assert sub.returncode == 0 and "Usage: campaign run [OPTIONS]" in sub.stdout and "--dry-run" in sub.stdout
 
 
-def test_version() -> None:
-    res = campaign("--version")
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_names_the_commit(flag: str) -> None:
+    res = campaign(flag)
     assert res.returncode == 0 and res.stdout == f"campaign {__version__}\n"
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    assert res.stdout.startswith(f"campaign {BASE}+g{head[:12]}")
+
+
+def test_without_git_the_version_is_the_release(tmp_path: Path) -> None:
+    """An installed copy (no checkout around it) says the release alone and records no commit."""
+    copy = tmp_path / "site" / "campaign"
+    copy.mkdir(parents=True)
+    shutil.copy(REPO / "campaign" / "version.py", copy / "version.py")
+    code = "import version; print(version.version(), version.commit())"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=copy, check=True)
+    assert res.stdout.split() == [BASE, "None"]
 
 
 def test_shell_completion_script() -> None:

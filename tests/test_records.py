@@ -71,11 +71,14 @@ def _pop_defaults(doc: dict[str, Any], added: dict[str, Any]) -> None:
 
 #: Added with bench.launches (the setting is in BENCH_SETTINGS_ADDED): which launch of its variant an attempt is.
 ATTEMPT_ADDED: dict[str, Any] = {"launch": 0}
+#: The commit campaign ran from, recorded since the version came from git.
+ENVIRONMENT_ADDED: dict[str, Any] = {"campaign_commit": None}
 
 
 def _without_added(doc: dict[str, Any]) -> dict[str, Any]:
     """``doc`` with the report, smoke and bench fields added since taken out, once they hold their defaults."""
     assert all(doc.pop(k) == v for k, v in REPORT_ADDED.items()), doc
+    _pop_defaults(doc["environment"], ENVIRONMENT_ADDED)
     for restore in doc["restores"]:
         _pop_defaults(restore, RESTORE_ADDED)
     for attempt in doc["attempts"]:

@@ -18,7 +18,6 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from campaign import __version__
 from campaign.console import Output
 from campaign.errors import CampaignError
 from campaign.interruption import Interrupted
@@ -78,7 +77,9 @@ RunArg = Annotated[str, typer.Argument(metavar="RUN", help="A run id, a unique p
 
 def _show_version(value: bool) -> None:
     if value:
-        sys.stdout.write(f"campaign {__version__}\n")
+        from campaign.version import version
+
+        sys.stdout.write(f"campaign {version()}\n")
         raise typer.Exit(0)
 
 

@@ -279,6 +279,9 @@ class Environment(BaseModel):
     gpu: str | None = None
     driver: str | None = None
     campaign_version: str | None = None
+    #: The git commit campaign ran from (``-dirty`` appended when tracked files differed from it); None when it was
+    #: installed without git, and in reports written before it was recorded.
+    campaign_commit: str | None = None
     recipe: str | None = None
     #: The host's clock minus ours, in seconds (readiness lags are corrected by it).
     clock_offset_s: float | None = None

@@ -11,8 +11,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "campaign"
 #: Modules that may import inside functions, and why: the CLI keeps `campaign --help` fast by importing a command's
-#: machinery only when that command runs; ``open_host`` loads paramiko only for an SSH host.
+#: machinery only when that command runs; ``open_host`` loads paramiko only for an SSH host; ``campaign.__version__``
+#: asks git only when read.
 LAZY_OK = {
+    "campaign",
     "campaign.cli",
     "campaign.cli.app",
     "campaign.cli.control",

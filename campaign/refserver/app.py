@@ -2,12 +2,14 @@
 
 Routes: POST /v1/chat/completions and POST /v1/completions (streaming and not, with OpenAI-format ``logprobs``),
 GET /v1/models, GET /health and /health_generate (503 until warm-up finished, then 200 only after a real one-token
-generation), GET /get_model_info, GET /metrics (Prometheus text) and POST /tokenize (the prompt's ids, as vLLM
-and SGLang answer it). Bad requests get a 400 with an OpenAI-style error body. ``chat_template_kwargs`` (e.g.
-``{"enable_thinking": false}``) is accepted as SGLang and vLLM accept it; the model has no template and no
-thinking, so it changes nothing.
+generation; 503 "parked" while asleep), GET /get_model_info, GET /metrics (Prometheus text) and POST /tokenize (the
+prompt's ids, as vLLM and SGLang answer it). Bad requests get a 400 with an OpenAI-style error body.
+``chat_template_kwargs`` (e.g. ``{"enable_thinking": false}``) is accepted as SGLang and vLLM accept it; the model
+has no template and no thinking, so it changes nothing.
 
-POST /start_profile and /stop_profile drive torch.profiler as SGLang's do (``campaign.refserver.profiler``).
+POST /start_profile and /stop_profile drive torch.profiler as SGLang's do (``campaign.refserver.profiler``);
+POST /sleep?level=1, POST /wake_up and GET /is_sleeping are vLLM's sleep mode (``campaign.refserver.parking``):
+generation answers 503 while the server is parked.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import BaseModel, ValidationError
 
 from campaign.refserver.engine_process import EngineProcess
+from campaign.refserver.parking import add_sleep_routes
 from campaign.refserver.profiler import add_profile_routes
 from campaign.refserver.protocol import (
     BadRequest,
@@ -46,6 +49,7 @@ from campaign.refserver.tokenizer import EOS, decode_ids, encode_prompt
 Req = TypeVar("Req", bound=BaseModel)
 
 HEALTH_TIMEOUT_S = 20.0
+PARKED = "the server is parked (asleep): POST /wake_up first"
 
 
 class Relay:
@@ -83,13 +87,17 @@ class Relay:
 class ServerState:
     """What the routes share: the engine, the model id, whether warm-up finished, and the stream interval."""
 
-    def __init__(self, engine: EngineProcess, *, stream_interval: int = 1) -> None:
+    def __init__(self, engine: EngineProcess, *, stream_interval: int = 1, sleep_mode: bool = True) -> None:
         self.engine = engine
         #: Tokens a stream gathers before it writes them (``--stream-interval``); its last ones go out at once.
         self.stream_interval = stream_interval
         self.model_id = engine.model_id
         self.ready = False
+        #: Asleep, or on the way to or from it (``parking``): generation and /health answer 503.
+        self.parked = False
         self.created = int(time.time())
+        #: Whether the sleep routes exist (``--disable-sleep-mode`` leaves them out).
+        self.sleep_mode = sleep_mode
 
 
 #: Builds one streamed payload from (token, its log-probability or None); or the last one from the finish reason.
@@ -102,6 +110,8 @@ def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="campaign reference server", docs_url=None, redoc_url=None, openapi_url=None)
     engine = state.engine
     add_profile_routes(app, engine.profiler)
+    if state.sleep_mode:
+        add_sleep_routes(app, state, engine)
     context_len = engine.context_len
     interval = state.stream_interval
     relays: dict[asyncio.AbstractEventLoop, Relay] = {}
@@ -191,6 +201,8 @@ def build_app(state: ServerState) -> FastAPI:
             return error_response(400, exc.message, param=exc.param)
         if engine.fatal is not None:
             return error_response(503, f"the engine stopped after an error: {engine.fatal}", kind="server_error")
+        if state.parked:
+            return error_response(503, PARKED, kind="server_error")
         return parsed, gen
 
     def stream(
@@ -375,6 +387,8 @@ def build_app(state: ServerState) -> FastAPI:
         return {"model_path": engine.model_path, "is_generation": True, "model_id": state.model_id}
 
     async def health() -> Response:
+        if state.parked:
+            return PlainTextResponse("parked: asleep, POST /wake_up to serve", status_code=503)
         if not state.ready or engine.fatal is not None:
             return PlainTextResponse("starting" if engine.fatal is None else "engine stopped", status_code=503)
         gen = GenRequest(encode_prompt("What is 1+1?"), 1, temperature=0.0)

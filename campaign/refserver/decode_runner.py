@@ -152,6 +152,26 @@ class DecodeRunner:
                 self.cuda_graph = False
                 self._graphs.clear()
 
+    @property
+    def pad_fill(self) -> int:
+        """The value an unused table entry holds."""
+        return self._index_pad
+
+    def check_step(self) -> None:
+        """Run one decode step of padding rows (they write only the scratch row), the way requests run."""
+        with torch.inference_mode():
+            self._run_padded(*self._dummy(1))
+
+    def drop_graphs(self) -> None:
+        """Free the captured graphs and their memory pool (a sleep: the tensors they read are about to move)."""
+        self._graphs.clear()
+
+    def prepare_graphs(self) -> None:
+        """Capture the graphs again where they are on (a wake: the tensors they read moved); compiled code is kept."""
+        if self.cuda_graph:
+            self._graphs.clear()
+            self._capture()
+
     def _dummy(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Inputs of ``bs`` padding rows: they select no slot and write only the scratch row."""
         dev = self.device

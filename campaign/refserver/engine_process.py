@@ -9,7 +9,7 @@ The two talk over a socket pair, one pickled tuple a message (``multiprocessing.
 
 - to the engine: the engine's settings first (a dict of ``EngineArgs`` fields), then ``("submit", rid, prompt,
   max_new_tokens, temperature, ignore_eos, logprobs)``, ``("abort", rid)``, ``("call", call_id, name, args)``
-  (the profiler's ``start`` and ``stop``) and ``("stop",)``;
+  (the profiler's ``start`` and ``stop``, the sleeper's ``sleep`` and ``wake``) and ``("stop",)``;
 - from the engine: ``("ready", info)`` once it is built, or ``("failed", exit_code)`` when it could not be (its log
   says why); then, after every scheduler step that changed anything, ``("tokens", items, stats, token_usage)``
   with one item ``(rid, token or None, finish reason or None, TokenLogprob or None)`` per token handed out;
@@ -42,6 +42,8 @@ from campaign.refserver.request import Request, Stats, TokenLogprob
 
 #: Longest wait for a profiler call to be answered (exporting a large trace takes seconds).
 CALL_TIMEOUT_S = 600.0
+#: The calls the engine's ``Sleeper`` answers (the others go to the profiler).
+SLEEP_CALLS = frozenset({"sleep", "wake"})
 #: Longest wait for the engine process to end once told to stop, before it is killed.
 STOP_TIMEOUT_S = 10.0
 
@@ -248,6 +250,9 @@ class _Scheduler:
         self.requests: dict[int, Request] = {}
         self.out: list[tuple[int, int | None, str | None, TokenLogprob | None]] = []
         self.profiler = Profiler(engine.args.device)
+        from campaign.refserver.sleeper import Sleeper  # torch: the engine process's side only
+
+        self.sleeper = Sleeper(engine)
         self._send_lock = threading.Lock()
         self._sent: tuple[Stats, float] | None = None
 
@@ -283,6 +288,9 @@ class _Scheduler:
             request = Request(
                 prompt, max_new, temperature=temperature, ignore_eos=ignore_eos, logprobs=logprobs, rid=rid
             )
+            if self.sleeper.asleep:  # it slipped past the HTTP side's parked check: the pool is gone
+                self.out.append((rid, None, "error", None))
+                return True
             request.sink = partial(self.sink, request)
             self.requests[rid] = request
             self.engine.submit(request)
@@ -290,6 +298,8 @@ class _Scheduler:
             aborted = self.requests.pop(message[1], None)
             if aborted is not None:
                 self.engine.abort(aborted)
+        elif kind == "call" and message[2] in SLEEP_CALLS:
+            self.call(*message[1:])  # on the scheduler's thread: no step runs while the engine's tensors move
         elif kind == "call":
             threading.Thread(target=self.call, args=message[1:], daemon=True).start()
         elif kind == "stop":
@@ -313,7 +323,7 @@ class _Scheduler:
 
     def call(self, call_id: int, name: str, args: tuple[Any, ...]) -> None:
         try:
-            value = getattr(self.profiler, name)(*args)
+            value = getattr(self.sleeper if name in SLEEP_CALLS else self.profiler, name)(*args)
             self.send(("reply", call_id, True, value))
         except ProfileError as exc:
             self.send(("reply", call_id, False, (exc.message, exc.status)))

@@ -101,6 +101,11 @@ def parser() -> argparse.ArgumentParser:
         help="weights and KV pool (auto: the weights file's, fp32); the MMA kernel needs bfloat16 for tensor cores",
     )
     p.add_argument(
+        "--disable-sleep-mode",
+        action="store_true",
+        help="leave out POST /sleep, /wake_up and GET /is_sleeping (a server only a process checkpoint can park)",
+    )
+    p.add_argument(
         "--inject-fault",
         choices=FAULTS,
         default=None,
@@ -167,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = EngineProcess.start(engine_args)
     except EngineStartError as exc:
         return exc.code
-    state = ServerState(engine, stream_interval=args.stream_interval)
+    state = ServerState(engine, stream_interval=args.stream_interval, sleep_mode=not args.disable_sleep_mode)
     config = uvicorn.Config(
         build_app(state), host=args.host, port=args.port, log_config=uvicorn_log_config(), timeout_keep_alive=5
     )

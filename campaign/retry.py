@@ -1,5 +1,8 @@
 """Retry policy: each failure classed transient or deterministic, and the per-variant budget with its backoff.
 
+Each kind's class and whether it damages the box are data: ``class``, ``transient_in_phases`` and ``damaging`` of the
+kind in ``campaign/signatures.yaml`` (its one home); this module only reads them.
+
 A transient failure is one the same launch can pass on its next try: a port still in TIME_WAIT or briefly held,
 NCCL timing out while its ranks meet, a health endpoint that flaps after the ready line, bench requests cut or
 failed on a server whose log shows no failure. Those are retried up to the
@@ -17,37 +20,36 @@ from dataclasses import dataclass
 from typing import Literal
 
 from campaign.config import RetryConfig
+from campaign.diagnosis.signatures import Signatures, signatures
 
 FailureClass = Literal["transient", "deterministic"]
 
-#: Kinds whose cause passes with time whatever the phase. ``bench_errors`` is a bench whose requests failed on a server
-#: whose log shows no failure (a server that died or logged a fatal error gets that kind instead): most often a
-#: stream cut on the path (a proxy, a forward), which the next launch passes. The class goes by kind alone (a stored
-#: failure keeps no error counts), and a retry of a server that fails its requests every time costs only the budget,
-#: while classing it deterministic would skip a good spec in every later run after one cut connection.
-TRANSIENT_KINDS = frozenset({"port_in_use", "nccl_error", "bench_errors"})
-#: A start that timed out after its ready line (waiting only for health) is health flapping; before it, a slow or
-#: stuck load that will be as slow next time.
-_FLAPPING_PHASES = frozenset({"ready"})
 
+def failure_class(kind: str | None, failed_phase: str | None, sigs: Signatures | None = None) -> FailureClass:
+    """Whether a failure of diagnosis ``kind`` in ``failed_phase`` may pass on a retry of the same launch.
 
-def failure_class(kind: str | None, failed_phase: str | None) -> FailureClass:
-    """Whether a failure of diagnosis ``kind`` in ``failed_phase`` may pass on a retry of the same launch."""
-    if kind in TRANSIENT_KINDS:
-        return "transient"
-    if kind == "startup_timeout" and failed_phase in _FLAPPING_PHASES:
+    The class is the kind's ``class`` in the rules file (``transient_in_phases`` names phases where a deterministic
+    kind is transient: a start that timed out after its ready line is health flapping). ``bench_errors`` is transient
+    there: a stream cut on the path, which the next launch passes; a stored failure keeps no error counts, and classing
+    it deterministic would skip a good spec in every later run after one cut connection. A kind the rules do not
+    declare (a stored report from another build) is deterministic.
+    """
+    info = (sigs or signatures()).kinds.get(kind or "")
+    if info is None:
+        return "deterministic"
+    if info.failure_class == "transient" or (failed_phase is not None and failed_phase in info.transient_phases):
         return "transient"
     return "deterministic"
 
 
-#: Failures after which the box itself may be damaged (a GPU left in an error state, memory held by a zombie, the
-#: kernel's OOM killer at work): the next launch needs the known-good proven again first (``restore: when_needed``).
-_DAMAGING_KINDS = frozenset({"illegal_memory_access", "host_oom_killed", "gpu_oom", "nccl_error", "unknown"})
+def needs_proven_box(kind: str | None, sigs: Signatures | None = None) -> bool:
+    """Whether, after a failure of ``kind``, the box must be proven (the known-good relaunched) before going on.
 
-
-def needs_proven_box(kind: str | None) -> bool:
-    """Whether, after a failure of ``kind``, the box must be proven (the known-good relaunched) before going on."""
-    return kind is None or kind in _DAMAGING_KINDS
+    The kind's ``damaging`` in the rules file (a GPU left in an error state, memory held by a zombie, the kernel's OOM
+    killer at work); a failure with no diagnosis, or of a kind the rules do not declare, may have done anything.
+    """
+    info = (sigs or signatures()).kinds.get(kind or "")
+    return info is None or info.damaging
 
 
 @dataclass(frozen=True)

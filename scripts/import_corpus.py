@@ -28,14 +28,14 @@ from typing import Any
 
 import yaml
 
-from campaign.diagnose import KINDS
+from campaign.diagnose import signatures
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "logs" / "real-failures.jsonl"
 CORPUS = ROOT / "tests" / "data" / "corpus"
 # The labels a log excerpt can carry: every diagnosis kind except those only the loop gives (a knob not in effect, a
 # missed gate) and the two verdicts that are no root cause (unknown, inconclusive).
-LABELS = set(KINDS) - {"config_not_applied", "below_gate", "bench_errors", "unknown", "inconclusive"}
+LABELS = set(signatures().kinds) - {"config_not_applied", "below_gate", "bench_errors", "unknown", "inconclusive"}
 _SOURCE = re.compile(r"^[\w.-]+/[\w.-]+#\d+$")
 FIELDS = ("id", "category", "server", "source", "excerpt", "note")
 

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from rich.console import Console
 
 from campaign.bench import run_bench
 from campaign.bench.testing import ScheduledServer
 from campaign.console.diagnosis import render_diagnosis
-from campaign.diagnose import KINDS, diagnose, diagnose_file, parse_signatures, signatures
+from campaign.diagnose import diagnose, diagnose_file, parse_signatures, rules_text, signatures
+from campaign.diagnosis.signatures import CODE_KINDS
 from campaign.errors import ConfigError, UsageError
 from campaign.records import BenchSettings, SmokeCheck, SmokeResult, Timings
-from campaign.retry import failure_class
+from campaign.retry import failure_class, needs_proven_box
 
 DATA = Path(__file__).parent / "data"
 REAL = [json.loads(line) for line in (DATA / "real-failures.jsonl").read_text().splitlines() if line.strip()]
@@ -210,7 +214,7 @@ def test_an_unknown_crash_is_not_forced_into_a_known_kind() -> None:
 
 def test_every_returned_kind_is_declared_with_a_title_and_a_hint() -> None:
     sigs = signatures()
-    for kind in KINDS:
+    for kind in (*CODE_KINDS, *(r.kind for r in sigs.rules)):
         assert kind in sigs.kinds
         assert kind == "healthy" or sigs.kinds[kind].hint(None)
 
@@ -225,11 +229,60 @@ def test_diagnose_file_decodes_bad_bytes_and_reports_a_missing_file(tmp_path: Pa
         diagnose_file(tmp_path)
 
 
+def _rules_with(change: Callable[[dict[str, Any]], None]) -> str:
+    """The shipped rules file's text, changed by ``change`` (a temporary signatures file, as a user would edit it)."""
+    data = yaml.safe_load(rules_text())
+    change(data)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 def test_a_broken_rules_file_is_a_config_error_naming_the_field() -> None:
+    def bad_pattern(d: dict[str, Any]) -> None:
+        d["rules"][0]["patterns"] = ["("]
+
     with pytest.raises(ConfigError, match=r"rules\[0\]\.patterns"):
-        parse_signatures("kinds: {gpu_oom: {title: x}}\nrules:\n  - {id: r, kind: gpu_oom, patterns: ['(']}\n")
+        parse_signatures(_rules_with(bad_pattern))
     with pytest.raises(ConfigError, match="not declared"):
-        parse_signatures("kinds: {}\nrules:\n  - {id: r, kind: gpu_oom, patterns: ['x']}\n")
+        parse_signatures(_rules_with(lambda d: d["rules"].append({"id": "r", "kind": "no_such", "patterns": ["x"]})))
+    # A kind with no retry class would silently become "deterministic, not damaging": the file must say which.
+    with pytest.raises(ConfigError, match=r"kinds\.disk_full\.class"):
+        parse_signatures(_rules_with(lambda d: d["kinds"].update({"disk_full": {"title": "t", "hint": "h"}})))
+    with pytest.raises(ConfigError, match=r"kinds\.disk_full\.damaging"):
+        parse_signatures(
+            _rules_with(lambda d: d["kinds"].update({"disk_full": {"title": "t", "hint": "h", "class": "transient"}}))
+        )
+    # The kinds campaign's own checks return cannot be left out.
+    with pytest.raises(ConfigError, match="healthy"):
+        parse_signatures(_rules_with(lambda d: d["kinds"].pop("healthy")))
+
+
+@pytest.mark.parametrize("cls", ["transient", "deterministic"])
+def test_a_kind_added_in_a_temporary_rules_file_is_diagnosed_and_retried_by_its_class(cls: str) -> None:
+    # Adding a failure kind is one YAML entry (and its log): no list in code to update.
+    def add(d: dict[str, Any]) -> None:
+        d["kinds"]["disk_full"] = {
+            "title": "The disk is full",
+            "class": cls,
+            "damaging": cls == "deterministic",
+            "hint": {"default": "Free disk space where the server writes (the model cache, /tmp)."},
+        }
+        d["rules"].insert(0, {"id": "no-space", "kind": "disk_full", "patterns": [r"No space left on device"]})
+
+    sigs = parse_signatures(_rules_with(add))
+    log = (
+        "INFO 12-01 10:00:01 Loading weights\n"
+        "Traceback (most recent call last):\n"
+        '  File "/app/loader.py", line 9, in save\n'
+        "OSError: [Errno 28] No space left on device: '/root/.cache/x.safetensors'\n"
+    )
+    d = diagnose(log, sigs=sigs, exit_code=1)
+    assert d.kind == "disk_full"
+    assert d.summary.startswith("The disk is full") and "Free disk space" in d.hint
+    assert failure_class(d.kind, "load", sigs) == cls
+    assert needs_proven_box(d.kind, sigs) == (cls == "deterministic")
+    # The shipped rules know no such kind: the same log there is no disk_full, and an undeclared kind is not retried.
+    assert diagnose(log, exit_code=1).kind != "disk_full"
+    assert failure_class("disk_full", "load") == "deterministic" and needs_proven_box("disk_full")
 
 
 def test_a_diagnosis_renders_kind_evidence_with_line_numbers_and_hint() -> None:

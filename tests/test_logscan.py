@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from campaign.diagnose import diagnose, scan_text, signatures
-from campaign.logscan import key, make_line, needles, requirements
+from campaign.logscan import make_line
+from campaign.needles import key, needles, requirements
 
 DATA = Path(__file__).parent / "data"
 CORPUS = [json.loads(line) for line in (DATA / "corpus" / "excerpts.jsonl").read_text().splitlines() if line.strip()]

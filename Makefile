@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS ?= server,dev,plot,hf
 
-.PHONY: setup demo test lint typecheck unit sshd-deps slurm-deps train-model train-longctx longctx-wide gpu clean
+.PHONY: setup demo check test lint typecheck fast unit sshd-deps slurm-deps train-model train-longctx longctx-wide gpu clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,9 +43,18 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+## fast: the in-process tier: no real server, sshd or Slurm, nothing slow (the markers: pyproject.toml, tests/conftest.py).
+fast: setup
+	$(BIN)/pytest -q -m "not integration and not gpu and not slow"
+
+## unit: every test, the integration tier included (real servers, sshd, Slurm; GPU tests skip without a GPU).
 unit: setup
 	$(BIN)/pytest -q
 
+## check: lint, types and the fast tier: minutes, before every commit.
+check: lint typecheck fast
+
+## test: everything CI runs (installs sshd and Slurm where missing).
 test: setup sshd-deps slurm-deps lint typecheck unit
 
 ## train-model: reproduce the reference server's weights (fast on a GPU; hours on two CPU cores).

@@ -6,19 +6,26 @@ anything imports triton). Tests marked gpu run the full DeepSeek shapes, CUDA gr
 
 from __future__ import annotations
 
-import os
 import zlib
+from collections.abc import Iterator
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from tests.helpers import interpreted, triton_interpreter
 
-import mla_kernels  # noqa: E402
-from mla_kernels import mma, reference, simt, simt_tiled  # noqa: E402
-from mla_kernels.accuracy import compare  # noqa: E402
-from mla_kernels.cases import DecodeCase, decode_case  # noqa: E402
+torch = pytest.importorskip("torch")
+INTERPRET = not torch.cuda.is_available()
+with triton_interpreter(INTERPRET):
+    import mla_kernels
+    from mla_kernels import mma, reference, simt, simt_tiled
+    from mla_kernels.accuracy import compare
+    from mla_kernels.cases import DecodeCase, decode_case
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter() -> Iterator[None]:
+    yield from interpreted(INTERPRET)
+
 
 BACKEND_MODULES = {"torch": reference, "simt": simt, "simt-tiled": simt_tiled, "mma": mma}
 ALL_BACKENDS = list(BACKEND_MODULES)

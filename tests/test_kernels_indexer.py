@@ -8,18 +8,25 @@ Triton kernels run in Triton's interpreter at small shapes; tests marked gpu use
 
 from __future__ import annotations
 
-import os
 import zlib
+from collections.abc import Iterator
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from tests.helpers import interpreted, triton_interpreter
 
-import mla_kernels  # noqa: E402
-from mla_kernels import indexer, reference  # noqa: E402
-from mla_kernels.cases import IndexerCase, indexer_case, with_pages  # noqa: E402
+torch = pytest.importorskip("torch")
+INTERPRET = not torch.cuda.is_available()
+with triton_interpreter(INTERPRET):
+    import mla_kernels
+    from mla_kernels import indexer, reference
+    from mla_kernels.cases import IndexerCase, indexer_case, with_pages
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter() -> Iterator[None]:
+    yield from interpreted(INTERPRET)
+
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

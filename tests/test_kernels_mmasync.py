@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
-import os
 import zlib
+from collections.abc import Iterator
 
 import pytest
+
+from tests.helpers import interpreted, triton_interpreter
 
 torch = pytest.importorskip("torch")
 # As tests/test_kernels.py: the mla_kernels modules this imports define Triton kernels, and Triton fixes interpreted
 # or compiled at that moment; without it, tests/test_kernels.py run after this file in one process found them compiled.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-mmasync = pytest.importorskip("mla_kernels.mmasync", reason="this Triton has no Gluon")
+INTERPRET = not torch.cuda.is_available()
+with triton_interpreter(INTERPRET):
+    mmasync = pytest.importorskip("mla_kernels.mmasync", reason="this Triton has no Gluon")
 
-from mla_kernels import reference  # noqa: E402
-from mla_kernels.accuracy import compare  # noqa: E402
-from mla_kernels.cases import decode_case  # noqa: E402
+    from mla_kernels import reference
+    from mla_kernels.accuracy import compare
+    from mla_kernels.cases import decode_case
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter() -> Iterator[None]:
+    yield from interpreted(INTERPRET)
+
 
 needs_gpu = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8, reason="needs an sm_80+ GPU"

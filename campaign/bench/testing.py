@@ -3,9 +3,10 @@
 Run as a process (``python -m campaign.bench.testing --port 0 --ttft-ms 50 --itl-ms 20``); it prints
 ``LISTENING <port>`` once it accepts connections. It speaks just enough HTTP/1.1 (keep-alive, chunked responses)
 for an OpenAI client: ``GET /v1/models``, ``GET /health``, ``POST /v1/chat/completions`` and
-``POST /v1/completions`` (streaming only), ``POST /tokenize`` (one token per whitespace-separated word, answered
-as SGLang and vLLM answer: ``{"tokens", "count"}``) and ``GET /stats`` (how late the server itself sent its
-chunks, so a client's error can be told from the server's).
+``POST /v1/completions`` (streaming; without ``stream`` the whole reply at once, the exact number when the prompt
+asks ``What is A×B?``, so a smoke check passes against it), ``POST /tokenize`` (one token per whitespace-separated
+word, answered as SGLang and vLLM answer: ``{"tokens", "count"}``) and ``GET /stats`` (how late the server itself
+sent its chunks, so a client's error can be told from the server's).
 
 Schedule of one request, from the moment its body has been read: a role-only chunk at once, then content token
 ``i`` (0-based) at ``ttft + i * itl``, then the finish chunk, the usage chunk and ``[DONE]`` right after the last
@@ -39,6 +40,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import selectors
 import subprocess
 import sys
@@ -161,6 +163,11 @@ class _Server:
         lt0 = loop.time()
         ttft = self.ttft + self.per_inflight * self.inflight
         req = json.loads(body)
+        if not req.get("stream", False):
+            await asyncio.sleep(ttft)
+            self.simple(writer, "200 OK", _whole_reply(req, chat=chat))
+            await writer.drain()
+            return True
         n = (
             self.tokens
             if self.tokens is not None
@@ -227,6 +234,29 @@ class _Server:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
+
+
+_QUESTION = re.compile(r"What is (\d+)\s*([×*x+-])\s*(\d+)\?")
+
+
+def _whole_reply(req: dict[str, Any], *, chat: bool) -> dict[str, Any]:
+    """A request without streaming: its answer at once, the exact number when the prompt asks ``What is A×B?`` (so
+    a smoke check passes against the endpoint), else one ``t`` per token."""
+    texts = [str(m.get("content", "")) for m in req.get("messages", [])] if chat else [str(req.get("prompt", ""))]
+    m = _QUESTION.search(" ".join(texts))
+    if m is not None:
+        a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+        text = str(a + b if op == "+" else a - b if op == "-" else a * b)
+    else:
+        text = "t" * int(req.get("max_tokens") or 16)
+    prompt = sum(len(t.split()) for t in texts)
+    usage = {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1}
+    if chat:
+        message = {"role": "assistant", "content": text}
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": "stop"}
+        return {"id": "r", "object": "chat.completion", "model": MODEL_ID, "choices": [choice], "usage": usage}
+    choice = {"index": 0, "text": text, "finish_reason": "stop"}
+    return {"id": "r", "object": "text_completion", "model": MODEL_ID, "choices": [choice], "usage": usage}
 
 
 async def _main(args: argparse.Namespace) -> None:
@@ -341,6 +371,8 @@ class ScheduledServer:
         line = self.proc.stdout.readline()
         if not line.startswith("LISTENING "):
             self.proc.kill()
+            self.proc.wait()
+            self.proc.stdout.close()
             raise RuntimeError(f"scheduled server did not start: {line!r}")
         self.url = f"http://127.0.0.1:{int(line.split()[1])}"
         return self
@@ -353,6 +385,8 @@ class ScheduledServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()  # its pipe, or a ResourceWarning when it is collected
 
 
 def endpoint_stats(url: str, reset: bool = False) -> dict[str, Any]:

@@ -41,6 +41,7 @@ INTEGRATION_MODULES = {
     "test_refserver_accuracy",
     "test_refserver_gpu",
     "test_refserver_longctx",
+    "test_refserver_sleep",
     "test_slurm",
     "test_smoke",
     "test_ssh_forward_streams",

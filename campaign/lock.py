@@ -6,7 +6,12 @@ each case its own). It holds::
 
     lock/              the lock: a directory made with ``mkdir`` (atomic on POSIX filesystems)
     lock/owner.json    who holds it: user, machine, PID of the CLI, command, run id, experiment, since when
-    current.json       what campaign runs on the box now (``server.Running``), whichever experiment started it
+    user-<uid>/        each user's own part (0700, owned by that user): no other user can write or replace it
+      current.json     what campaign runs on the box now for that user (``running.Running``), whichever experiment
+
+The folder is sticky and world-writable, and must be owned by the caller or by root: one another user made first
+(who could replace anything in it) or a symbolic link is refused (``campaign.ownership``). A lock record is only
+ever read to name its holder (another user could have written it); a process record only in the caller's own part.
 
 ``run``, ``restore`` and ``stop`` take the lock; one held by another live CLI is refused (``LockHeld``, exit 2,
 naming the holder). A lock left by a CLI that died on this same machine (its PID is gone) is taken over, and the
@@ -31,6 +36,7 @@ from typing import Any
 
 from campaign.errors import HostError, LockHeld
 from campaign.hosts.base import Host
+from campaign.ownership import ensure_shared_dir
 
 q = shlex.quote
 
@@ -48,10 +54,9 @@ def host_state_dir() -> str:
 
 
 def ensure_state_dir(host: Host, path: str) -> None:
-    """Create the state folder on the host; sticky and world-writable like /tmp, so every user's CLI meets there."""
-    res = host.run(f"mkdir -p {q(path)} && {{ chmod 1777 {q(path)} 2>/dev/null; true; }}", timeout=15)
-    if not res.ok:
-        raise HostError(f"{host.name}: cannot create campaign's state folder {path}: {res.tail(3)}")
+    """Create the state folder on the host (sticky and world-writable like /tmp, so every user's CLI meets there),
+    or check an existing one: never a symbolic link, owned by the caller or root (``ownership.ensure_shared_dir``)."""
+    ensure_shared_dir(host, path)
 
 
 def describe_owner(owner: dict[str, Any]) -> str:
@@ -121,6 +126,12 @@ class HostLock:
             owner = self.owner()
             if owner is None:
                 continue  # released between our mkdir and our look: try again
+            if force and self._live_here(owner):
+                raise LockHeld(
+                    f"{self.host.name} is locked by {describe_owner(owner)}, which still runs on this machine",
+                    holder=str(owner.get("run_id") or owner.get("pid") or "?"),
+                    hint="--force breaks only the lock of a CLI that is gone; stop that one first (its PID is named)",
+                )
             if force or self._stale(owner):
                 if self._break(owner):
                     self.replaced, self.replaced_how = owner, ("forced" if force else "stale")
@@ -150,6 +161,14 @@ class HostLock:
             return True
         finally:
             self.host.run(f"rmdir {guard}", timeout=15)
+
+    @staticmethod
+    def _live_here(owner: dict[str, Any]) -> bool:
+        """True when the holder is a campaign CLI alive on this machine (two runs on one box would fight)."""
+        pid = owner.get("pid")
+        if owner.get("machine") != socket.gethostname() or not isinstance(pid, int) or pid <= 1:
+            return False
+        return not HostLock._stale(owner) and os.path.exists(f"/proc/{pid}")
 
     @staticmethod
     def _stale(owner: dict[str, Any]) -> bool:

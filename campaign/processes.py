@@ -73,20 +73,22 @@ def _parse(stdout: str) -> list[Proc]:
 
 
 def tree(host: Host, token: str, pgid: int | None = None) -> list[Proc]:
-    """The live (not zombie) processes of the launch marked ``token``; ``pgid`` adds its group and session.
+    """The live (not zombie) processes of the caller's uid in the launch marked ``token``; ``pgid`` adds its group
+    and session when a marked process is in them.
 
-    Without a token (a record written before tokens existed) the group and session of ``pgid`` and their
-    descendants are the tree, as before.
+    A process proves it is ours by its token (read from its own environment) and its owner, never by a record
+    alone: without a token (a record older than tokens, or one another user forged) the tree is empty, and a
+    group of 1 or less is never taken.
     """
-    if token and not _TOKEN.fullmatch(token):
+    if not token:
+        return []
+    if not _TOKEN.fullmatch(token):
         raise ValueError(f"not a launch token: {token!r}")
-    pg = int(pgid) if pgid is not None else -1
-    need_mark = 1 if token else 0
+    pg = int(pgid) if pgid is not None and int(pgid) > 1 else -1
+    need_mark = 1
     marked = (
-        f"marked=$(grep -l -a -z -x -F {shlex.quote(f'{TREE_VAR}={token}')} /proc/[0-9]*/environ 2>/dev/null "
-        "| cut -d/ -f3 | tr '\\n' ' ')"
-        if token
-        else "marked="
+        f"marked=$(for f in $(grep -l -a -z -x -F {shlex.quote(f'{TREE_VAR}={token}')} /proc/[0-9]*/environ "
+        "2>/dev/null); do p=${f#/proc/}; p=${p%/environ}; [ -O /proc/$p ] && printf '%s ' $p; done)"
     )
     awk = (
         "awk -v pg=" + str(pg) + " -v need=" + str(need_mark) + ' -v marked="$marked" '
@@ -97,7 +99,12 @@ def tree(host: Host, token: str, pgid: int | None = None) -> list[Proc]:
         "c = 1; while (c) { c = 0; for (p in P) if (!(p in t) && (P[p] in t)) { t[p] = 1; c = 1 } } "
         "for (p in t) print p }'"
     )
-    cmd = f"{marked}; pids=$(cat /proc/[0-9]*/stat 2>/dev/null | {awk}); {_CMDLINES}"
+    # Descendants and group members must be the caller's too (a setuid child is not ours to signal).
+    cmd = (
+        f"{marked}; pids=$(cat /proc/[0-9]*/stat 2>/dev/null | {awk}); "
+        "mine=''; for p in $pids; do [ -O /proc/$p ] && mine=\"$mine $p\"; done; pids=$mine; "
+        f"{_CMDLINES}"
+    )
     return _parse(host.run(cmd, timeout=20).stdout)
 
 
@@ -120,11 +127,11 @@ def port_holders(host: Host, port: int) -> PortHolders:
 
 
 def marked_anywhere(host: Host) -> list[Proc]:
-    """Every live process on the host that carries any launch token: everything campaign started, tracked or not."""
+    """Every live process of the caller's uid that carries any launch token: what campaign started, tracked or not."""
     cmd = (
         f"pids=$(grep -l -a -z '^{TREE_VAR}=' /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | sort -un); "
         "live=''; for p in $pids; do s=$(cat /proc/$p/stat 2>/dev/null) || continue; "
-        's=${s##*) }; [ "${s%% *}" = Z ] || live="$live $p"; done; pids=$live; '
+        's=${s##*) }; [ "${s%% *}" = Z ] || { [ -O /proc/$p ] && live="$live $p"; }; done; pids=$live; '
         f"{_CMDLINES}"
     )
     return _parse(host.run(cmd, timeout=20).stdout)

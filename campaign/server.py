@@ -28,57 +28,25 @@ commands never wait on the server's streams: they go to a file.
 
 from __future__ import annotations
 
-import json
 import secrets
 import shlex
 import socket
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 
 from campaign.config import shell_word
 from campaign.errors import DirtyHost, HostError
 from campaign.hosts.base import Host
 from campaign.hosts.slurm import Job, SlurmHost
 from campaign.lock import ensure_state_dir, host_state_dir
+from campaign.ownership import ensure_own_dirs
 from campaign.processes import TREE_VAR, PortHolders, Proc, port_holders, tree
 from campaign.records import LaunchSpec, StopReport
+from campaign.running import Running, environment, parse, recover
+
+__all__ = ["Running", "ServerControl"]
 
 q = shlex.quote
-
-
-@dataclass(frozen=True)
-class Running:
-    """A server campaign started and believes may still run: its group, port and files on the host."""
-
-    pid: int
-    pgid: int
-    port: int
-    remote_dir: str
-    log_path: str
-    started_at: float
-    spec_hash: str
-    variant: str
-    run_id: str
-    attempt: int
-    #: The CAMPAIGN_TREE value every process of this launch inherits ("" in records older than tokens).
-    token: str = ""
-    experiment: str = ""
-    workdir: str = ""
-    #: On a Slurm host: the batch job that runs the script, its name (cancel matches both), node and its address.
-    job_id: str = ""
-    job_name: str = ""
-    node: str = ""
-    node_addr: str = ""
-
-    def to_json(self) -> str:
-        """The record written to current.json."""
-        return json.dumps(asdict(self), indent=2)
-
-    def describe(self) -> str:
-        """``variant maxb8 of experiment E (run R, pgid 123, port 30000)``."""
-        exp = f" of experiment {self.experiment}" if self.experiment else ""
-        where = f"Slurm job {self.job_id} on {self.node}" if self.job_id else f"pgid {self.pgid}"
-        return f"{self.variant}{exp} (run {self.run_id}, {where}, port {self.port})"
 
 
 class ServerControl:
@@ -92,6 +60,7 @@ class ServerControl:
         self._workdir: str | None = None
         self.state_dir = state_dir or host_state_dir()
         self._state_ready = False
+        self._uid: int | None = None
 
     # -- paths ------------------------------------------------------------------------------------
 
@@ -105,34 +74,45 @@ class ServerControl:
                 if not home:
                     raise HostError(f"{self.host.name}: cannot resolve $HOME for workdir {raw!r}")
                 raw = home + raw[1:]
-            res = self.host.run(f"mkdir -p {q(raw)} && chmod 700 {q(raw)}", timeout=15)
-            if not res.ok:
-                raise HostError(f"{self.host.name}: cannot create workdir {raw}: {res.tail(3)}")
+            # Owned by the caller, 0700, no symbolic link, under folders no other user can swap (ownership.py).
+            ensure_own_dirs(self.host, raw)
             self._workdir = raw.rstrip("/") or "/"
         return self._workdir
 
     @property
+    def user_state(self) -> str:
+        """The caller's own part of the host's state folder (``<state>/user-<uid>``, 0700): current.json lives here."""
+        if self._uid is None:
+            out = self.host.run("id -u", timeout=15).stdout.strip()
+            if not out.isdigit():
+                raise HostError(f"{self.host.name}: cannot tell the user id (`id -u` printed {out[:40]!r})")
+            self._uid = int(out)
+        return f"{self.state_dir}/user-{self._uid}"
+
+    @property
     def current_path(self) -> str:
-        """Where the record of the running server lives on the host (one per host, not per workdir)."""
-        return f"{self.state_dir}/current.json"
+        """Where the record of the running server lives on the host (one per host and user, not per workdir); its
+        folder is checked (and created) on first use."""
+        self._state()
+        return f"{self.user_state}/current.json"
 
     def _state(self) -> None:
         if not self._state_ready:
             ensure_state_dir(self.host, self.state_dir)
+            ensure_own_dirs(self.host, self.user_state)
             self._state_ready = True
 
     def prepare(self, run_id: str, attempt: int, variant: str) -> str:
-        """Create and return the per-attempt folder on the host."""
-        path = f"{self.workdir}/runs/{run_id}/{attempt:02d}-{variant}"
-        res = self.host.run(f"mkdir -p {q(path)} && chmod 700 {q(path)}", timeout=15)
-        if not res.ok:
-            raise HostError(f"{self.host.name}: cannot create {path}: {res.tail(3)}")
-        return path
+        """Create and return the per-attempt folder on the host (each level the caller's own, never a link)."""
+        ensure_own_dirs(self.host, self.workdir, f"runs/{run_id}/{attempt:02d}-{variant}")
+        return f"{self.workdir}/runs/{run_id}/{attempt:02d}-{variant}"
 
     # -- launch ------------------------------------------------------------------------------------
 
     @staticmethod
-    def launch_script(spec: LaunchSpec, remote_dir: str, header: str, token: str = "") -> str:
+    def launch_script(
+        spec: LaunchSpec, remote_dir: str, header: str, token: str = "", marks: dict[str, str] | None = None
+    ) -> str:
         """The shell script that runs ``spec``; every value quoted, so hostile config values stay literal.
 
         A leading ``~/`` in a value is the host's home (``shell_word``), as a user typing the command would expect.
@@ -147,6 +127,8 @@ class ServerControl:
         if token:
             # Every descendant inherits it, even one that leaves the group: that is how stop finds the whole tree.
             lines.append(f"export {TREE_VAR}={q(token)}")
+        for name, value in (marks or {}).items():
+            lines.append(f"export {name}={q(value)}")  # the record, for when current.json is lost (running.py)
         if spec.workdir:
             lines.append(f"cd {shell_word(spec.workdir)} || exit 97")
         for name, value in spec.env.items():
@@ -170,8 +152,7 @@ class ServerControl:
         self._state()
         script = f"{remote_dir}/launch.sh"
         log = f"{remote_dir}/server.log"
-        token = f"{run_id}:{attempt}:{secrets.token_hex(4)}"
-        self.host.write_file(script, self.launch_script(spec, remote_dir, header, token).encode(), mode=0o700)
+        token = f"{run_id}:{attempt}:{secrets.token_hex(8)}"
         running = Running(
             pid=0,
             pgid=0,
@@ -187,6 +168,8 @@ class ServerControl:
             experiment=experiment,
             workdir=self.workdir,
         )
+        marks = environment(running, self.user_state)
+        self.host.write_file(script, self.launch_script(spec, remote_dir, header, token, marks).encode(), mode=0o700)
         if self.jobs is not None:
             job_name = f"campaign-{run_id}-{attempt}"
             job_id = self.jobs.submit(script, output=log, job_name=job_name, chdir=remote_dir)
@@ -203,7 +186,7 @@ class ServerControl:
 
     def _record(self, running: Running) -> None:
         """Write what runs now to current.json."""
-        self.host.write_file(self.current_path, running.to_json().encode(), mode=0o644)
+        self.host.write_file(self.current_path, running.to_json().encode(), mode=0o600)
 
     def _start_group(self, script: str, remote_dir: str, log: str) -> int:
         """Start the script under ``setsid`` (its own group and session) and return its PID, which is the PGID."""
@@ -263,16 +246,19 @@ class ServerControl:
     # -- state ------------------------------------------------------------------------------------
 
     def current(self) -> Running | None:
-        """The server campaign last started on this host, if its record is there (it may have died since)."""
+        """The server campaign last started on this host for this user (it may have died since), or None.
+
+        Read from current.json; without a readable one, from the process table (our processes carry their record).
+        """
+        self._state()
         raw = self.host.read_file(self.current_path)
-        if not raw:
-            return None
-        try:
-            data = json.loads(raw)
-            known = {f.name for f in fields(Running)}
-            running = Running(**{k: v for k, v in data.items() if k in known})
-        except (ValueError, TypeError, AttributeError):
-            return None
+        running = parse(raw) if raw else None
+        if running is None:
+            # Gone (a /tmp cleaner) or damaged: our own server still carries its record (running.py).
+            why = "current.json is unreadable" if raw else "current.json is missing"
+            running = recover(self.host, self.user_state, f"{why}; found by its token in the process table")
+            if running is None:
+                return None
         if self.jobs is not None and running.node_addr:
             self.jobs.use_node(running.node_addr)
         return running
@@ -512,8 +498,12 @@ class ServerControl:
 
     def _signal(self, running: Running, members: list[Proc], sig: str) -> None:
         """Send ``sig`` to the launch's group and to every member of its tree (those that left the group too)."""
-        pids = " ".join(str(p.pid) for p in members)
-        group = f"kill -{sig} -{int(running.pgid)} 2>/dev/null; " if running.pgid in {p.pid for p in members} else ""
+        pids = " ".join(str(p.pid) for p in members if p.pid > 1)
+        if not pids:
+            return
+        # The group only when its leader proved itself ours (it is in the tree), and never group 0 or 1.
+        ours = running.pgid > 1 and running.pgid in {p.pid for p in members}
+        group = f"kill -{sig} -{int(running.pgid)} 2>/dev/null; " if ours else ""
         self.host.run(f"{group}kill -{sig} {pids} 2>/dev/null; true", timeout=10)
 
 

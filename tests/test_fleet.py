@@ -10,6 +10,7 @@ lines of the output, that the hosts worked at the same time, and what each box h
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import sys
@@ -203,7 +204,8 @@ def test_sigterm_stops_every_host_and_restores_each(
         assert part["final"] == {**part["final"], "variant": "baseline", "healthy": True}, part
         restores = [a for a in report["attempts"] if a["role"] == "restore" and a["host"] == name]
         assert [a["outcome"] for a in restores] == ["passed"]
-        current = json.loads((state / "current.json").read_text())
+        # Each user's record lives in that user's own part of the state folder (campaign/running.py).
+        current = json.loads((state / f"user-{os.getuid()}" / "current.json").read_text())
         assert current["variant"] == "baseline" and current["attempt"] == restores[0]["index"]
         assert not (state / "lock").exists()
     assert not [a for a in report["attempts"] if a["outcome"] == "skipped"]

@@ -230,6 +230,8 @@ class ServerState(BaseModel):
     job_name: str = ""
     node: str = ""
     node_addr: str = ""
+    #: "" when read from current.json; else why it was found in the process table by its token instead.
+    recovered: str = ""
     #: True while a process of its tree (the group leader or a descendant) lives.
     alive: bool
     #: How many processes its tree holds now.

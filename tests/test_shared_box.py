@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -320,3 +321,25 @@ def test_our_server_is_found_by_its_token_when_current_json_is_lost(tmp_path: Pa
     assert restore.returncode == 0, restore.stderr
     stop = run_cli(state, runs, "stop", str(path))
     assert stop.returncode == 0 and ours_running(runs) == []
+
+
+def test_force_never_breaks_the_lock_of_a_live_cli_on_this_machine(tmp_path: Path, runs: Path) -> None:
+    """N43: `run --force` while the holder (a campaign CLI) is alive on this machine is refused with exit 2, naming
+    it; once that CLI is gone, the lock is taken over without --force."""
+    state = tmp_path / "state"
+    path = fault_experiment(tmp_path, "n43", at_end="stop")
+    assert run_cli(state, runs, "stop", str(path)).returncode == 0
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "campaign", "run"])
+    try:
+        (state / "lock").mkdir()
+        owner = {"user": "me", "machine": socket.gethostname(), "pid": holder.pid, "run_id": "r-live", "since": "now"}
+        (state / "lock" / "owner.json").write_text(json.dumps(owner))
+        res = run_cli(state, runs, "run", str(path), "--force")
+        assert res.returncode == 2 and "still runs on this machine" in res.stderr, res.stderr
+        assert (state / "lock").is_dir()
+    finally:
+        holder.kill()
+        holder.wait(10)
+    res = run_cli(state, runs, "stop", str(path), "--json")
+    assert res.returncode == 0, res.stderr
+    assert "took over (its CLI was gone) the lock of run r-live" in json.loads(res.stdout)["detail"]

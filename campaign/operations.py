@@ -46,7 +46,7 @@ from campaign.records import (
     RunReport,
     StopReport,
 )
-from campaign.redaction import mask_env
+from campaign.redaction import Redactor, mask_args, mask_env
 from campaign.resume import check_resumable
 from campaign.server import ServerControl
 from campaign.statistics import Correction
@@ -97,8 +97,8 @@ class Plan:
                 PlanEntry(
                     name=p.name,
                     knobs=p.knobs,
-                    command=p.spec.command,
-                    shell=cfg.shell_line(p.spec),
+                    command=mask_args(p.spec.command),
+                    shell=cfg.shell_line(p.spec.model_copy(update={"command": mask_args(p.spec.command)})),
                     env=mask_env(p.spec.env),
                     port=p.spec.port,
                     spec_hash=p.spec.spec_hash(),
@@ -316,12 +316,14 @@ class Operations:
         with closing(opened) as host:
             control = ServerControl(host, entry.workdir, state_dir=entry.state_dir)
             follower = LogFollower(host, f"{att.remote_dir}/server.log")
+            # The stored records are masked; the launch script on the host knows the secrets to mask in the log.
+            redact = Redactor.from_script(host.read_file(f"{att.remote_dir}/launch.sh").decode(errors="replace"))
             while True:
                 for _n, line in follower.poll():
-                    yield line
+                    yield redact(line)
                 if att.pgid is None or not control.alive(att.pgid):
                     for _n, line in follower.flush():
-                        yield line
+                        yield redact(line)
                     return
                 time.sleep(FOLLOW_POLL_S)
 

@@ -3,7 +3,10 @@
 Ready means three signals at once: the process group is alive, the recipe's ready marker appeared in the log, and
 the health endpoint answers 200 (``/v1/models`` is not used: it answers before warm-up). The loop polls every
 ``poll_s`` (0.1 s by default): it reads only the bytes appended since the last poll, so a long log is never
-re-read, and it checks liveness every poll, so a death is noticed well within a second.
+re-read, and it checks liveness every poll, so a death is noticed well within a second. A poll reads at most
+``POLL_BYTES`` and keeps at most ``MAX_LINE`` of a line (``LogFollower``): a server that floods its log, or writes a
+gigabyte with no newline, still has its death and the deadline checked every poll, in bounded memory. A ready marker
+without its newline counts once it is read.
 
 ``ready_detect_lag_s`` is measured, not assumed: when the marker first shows up, the log file's mtime on the host
 (corrected by the host's clock offset) dates the ready line; the lag is the time from then to the moment the
@@ -36,44 +39,98 @@ q = shlex.quote
 LineCallback = Callable[[int, str], None]
 PhaseCallback = Callable[[str], None]
 READ_CHUNK = 1 << 20
+#: What one poll reads at most, what a final flush reads at most, and the longest line kept whole (LogFollower).
+POLL_BYTES = 8 << 20
+FLUSH_BYTES = 16 << 20
+MAX_LINE = 64 << 10
 #: Failed polls in a row that end a wait (a reconnect happens inside one poll, so a blip costs one or two).
 HOST_RETRIES = 3
 
 
 class LogFollower:
-    """Reads a file on a host incrementally from a byte offset and yields complete lines with their numbers."""
+    """Reads a file on a host incrementally from a byte offset and yields complete lines with their numbers.
+
+    Bounded whatever the log holds: one poll reads at most ``POLL_BYTES`` (the caller checks the server's life and
+    its deadline between polls, so a flood never hides a death), a line longer than ``MAX_LINE`` keeps its head and
+    tail around a note of what was cut (a 1 GiB line with no newline costs ``MAX_LINE``, not 1 GiB, and is never
+    rescanned), and ``flush`` reads at most ``FLUSH_BYTES`` before it skips to the file's last ``READ_CHUNK``.
+    """
 
     def __init__(self, host: Host, path: str, offset: int = 0) -> None:
         self.host = host
         self.path = path
         self.offset = offset
         self.lines_seen = 0
-        self._partial = b""
+        self._head = b""  # the first MAX_LINE / 2 bytes of an over-long unterminated line
+        self._partial = b""  # the unterminated line (its tail, once it is over-long)
+        self._cut = 0  # bytes dropped between the two
 
-    def poll(self) -> list[tuple[int, str]]:
-        """New complete lines (1-based number, text) since the last poll."""
+    def _append(self, data: bytes) -> None:
+        self._partial += data
+        if len(self._head) + len(self._partial) <= MAX_LINE:
+            return
+        half = MAX_LINE // 2
+        if not self._head:
+            self._head, self._partial = self._partial[:half], self._partial[half:]
+        excess = len(self._partial) - half
+        if excess > 0:
+            self._cut += excess
+            self._partial = self._partial[excess:]
+
+    def _line(self) -> str:
+        """The unterminated line so far, as text (its cut middle noted)."""
+        cut = f" [... {self._cut} bytes cut ...] ".encode() if self._cut else b""
+        return (self._head + cut + self._partial).decode(errors="replace").rstrip("\r")
+
+    def _take(self, out: list[tuple[int, str]]) -> None:
+        self.lines_seen += 1
+        out.append((self.lines_seen, self._line()))
+        self._head, self._partial, self._cut = b"", b"", 0
+
+    def pending(self) -> str:
+        """The unterminated last line read so far ("" when the log ends with a newline)."""
+        return self._line() if self._partial or self._head else ""
+
+    def _feed(self, data: bytes, out: list[tuple[int, str]]) -> None:
+        first, nl, rest = data.partition(b"\n")
+        self._append(first)
+        if nl:
+            self._take(out)
+            *complete, last = rest.split(b"\n")
+            for raw in complete:
+                self.lines_seen += 1
+                out.append((self.lines_seen, raw[:MAX_LINE].decode(errors="replace").rstrip("\r")))
+            self._append(last)
+
+    def poll(self, budget: int | None = None) -> list[tuple[int, str]]:
+        """New complete lines (1-based number, text) since the last poll, reading at most ``budget`` bytes."""
         out: list[tuple[int, str]] = []
-        while True:
-            data = self.host.read_file(self.path, offset=self.offset, limit=READ_CHUNK)
+        left = POLL_BYTES if budget is None else budget
+        while left > 0:
+            want = min(READ_CHUNK, left)
+            data = self.host.read_file(self.path, offset=self.offset, limit=want)
             if not data:
                 break
             self.offset += len(data)
-            buf = self._partial + data
-            *complete, self._partial = buf.split(b"\n")
-            for raw in complete:
-                self.lines_seen += 1
-                out.append((self.lines_seen, raw.decode(errors="replace").rstrip("\r")))
-            if len(data) < READ_CHUNK:
+            left -= len(data)
+            self._feed(data, out)
+            if len(data) < want:
                 break
         return out
 
     def flush(self) -> list[tuple[int, str]]:
-        """Everything left, the unterminated last line included (for a server that died mid-line)."""
-        out = self.poll()
-        if self._partial:
-            self.lines_seen += 1
-            out.append((self.lines_seen, self._partial.decode(errors="replace")))
-            self._partial = b""
+        """Everything left, the unterminated last line included (for a server that died mid-line); past
+        ``FLUSH_BYTES`` the middle is skipped to the file's last ``READ_CHUNK``, which is where a death is told."""
+        out = self.poll(FLUSH_BYTES)
+        size = _size(self.host, self.path)
+        if size is not None and size - self.offset > READ_CHUNK:
+            self._append(f" [... {size - READ_CHUNK - self.offset} bytes of the log skipped ...] ".encode())
+            self.offset = size - READ_CHUNK
+            data = self.host.read_file(self.path, offset=self.offset, limit=READ_CHUNK)
+            self.offset += len(data)
+            self._feed(data, out)
+        if self._partial or self._head:
+            self._take(out)
         return out
 
 
@@ -161,8 +218,14 @@ def wait_ready(
 
     def step() -> Readiness | None:
         """One poll: the outcome when the wait is over, else None."""
-        nonlocal marker_line_at
+        nonlocal marker_line_at, marker_seen, phase
         take(follower.poll())
+        if not marker_seen and marker.search(follower.pending()):
+            # A marker printed without its newline (the server then waits, serving): seen all the same.
+            marker_seen, phase = True, "ready"
+            if not any(p.name == "ready" for p in phases):
+                at = round(time.time() - t_start, 3)
+                phases.append(PhaseMark(name="ready", at_s=at, line=follower.lines_seen + 1))
         if marker_seen and marker_line_at is None:
             # Dated after take(): lines already taken are not read again if this call fails and the poll repeats.
             marker_line_at = _mtime(host, running.log_path) - offset_s
@@ -226,6 +289,12 @@ def wait_ready(
             if outcome is not None:
                 return outcome
         time.sleep(poll_s)
+
+
+def _size(host: Host, path: str) -> int | None:
+    """The file's size on the host, or None when it cannot be read."""
+    out = host.run(f"stat -c %s {q(path)} 2>/dev/null", timeout=10).stdout.strip()
+    return int(out) if out.isdigit() else None
 
 
 def _mtime(host: Host, path: str) -> float:

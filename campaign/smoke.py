@@ -87,13 +87,14 @@ class _Session:
 async def served_model(client: httpx.AsyncClient) -> tuple[str | None, int | None]:
     """The first model id /v1/models lists and its ``max_model_len``, each None where the server does not say."""
     try:
-        r = await client.get("/v1/models")
+        async with asyncio.timeout(client.timeout.read or 60.0):  # the whole reply, not each read (see _ask)
+            r = await client.get("/v1/models")
         data = r.json().get("data") or []
         if r.status_code != 200 or not data:
             return None, None
         length = data[0].get("max_model_len")
         return str(data[0]["id"]), int(length) if isinstance(length, int) and length > 0 else None
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, AttributeError, TypeError):
+    except (httpx.HTTPError, TimeoutError, ValueError, KeyError, IndexError, AttributeError, TypeError):
         return None, None
 
 
@@ -196,8 +197,10 @@ async def _ask(
         path, body = _body(s, question)
         t0 = time.perf_counter()
         try:
-            r = await client.post(path, json=body, timeout=timeout)
-        except httpx.TimeoutException as e:
+            # httpx's timeout bounds each read, not the reply: one that trickles a byte at a time would never end.
+            async with asyncio.timeout(timeout):
+                r = await client.post(path, json=body, timeout=timeout)
+        except (httpx.TimeoutException, TimeoutError) as e:
             where = f" (burst of {batch}: {s.settings.timeout_s:g} s and its wait behind the rest)" if batch > 1 else ""
             check.verdict, check.error = "error", f"{type(e).__name__}: no reply within {timeout:.1f} s{where}"
             return check

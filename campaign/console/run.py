@@ -26,7 +26,7 @@ from campaign.console.bench import bench_progress, sla_line
 from campaign.console.profile import profile_plan, render_profile
 from campaign.operations import Plan, host_label
 from campaign.records import Attempt, BenchEvent, RunReport
-from campaign.redaction import mask_env
+from campaign.redaction import mask_args, mask_env
 
 _OUTCOME_STYLE = {"passed": "green", "failed": "red", "skipped": "yellow"}
 _RESTORE_STYLE = {"restored": "green", "failed": "bold red", "not_needed": "dim"}
@@ -241,7 +241,8 @@ def render_plan(console: Console, plan: Plan) -> None:
         console.print(f"matrix: {escape(axes)}" + (f"; zipped {matrix['zip']}" if matrix.get("zip") else ""))
     for i, pv in enumerate(planned):
         console.print(f"\n[bold]{i}. {escape(pv.name)}[/]  knobs: {escape(str(pv.knobs))}")
-        console.print(f"   command: {escape(shell_line(pv.spec.model_copy(update={'env': {}})))}", soft_wrap=True)
+        shown = pv.spec.model_copy(update={"env": {}, "command": mask_args(pv.spec.command)})
+        console.print(f"   command: {escape(shell_line(shown))}", soft_wrap=True)
         env = mask_env(pv.spec.env)
         console.print(f"   env: {escape(str(env)) if env else '(none)'}")
         console.print(

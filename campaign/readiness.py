@@ -188,7 +188,9 @@ def wait_ready(
     # Case-insensitive: builds differ in case alone ("Capture cuda graph begin", "Capture target decode CUDA graph").
     phase_rx = {name: re.compile(rx, re.IGNORECASE) for name, rx in spec.phases.items()}
     base_url = host.url(spec.port)
-    t_start = running.started_at
+    # Durations run on the monotonic clock, from the launch (dated on the wall clock, a moment ago): a wall-clock
+    # step during the wait (NTP) moves neither the deadline nor a recorded duration (it gave "ready in -7191 s").
+    t_start = time.monotonic() - max(0.0, time.time() - running.started_at)
     deadline = time.monotonic() + deadline_s
     phase = "launch"
     phases: list[PhaseMark] = []
@@ -206,14 +208,14 @@ def wait_ready(
                 on_line(number, text)
             for name, rx in phase_rx.items():
                 if rx.search(text) and not any(p.name == name for p in phases):
-                    phases.append(PhaseMark(name=name, at_s=round(time.time() - t_start, 3), line=number))
+                    phases.append(PhaseMark(name=name, at_s=round(time.monotonic() - t_start, 3), line=number))
                     phase = name
                     if on_phase is not None:
                         on_phase(name)
             if not marker_seen and marker.search(text):
                 marker_seen = True
                 if not any(p.name == "ready" for p in phases):
-                    phases.append(PhaseMark(name="ready", at_s=round(time.time() - t_start, 3), line=number))
+                    phases.append(PhaseMark(name="ready", at_s=round(time.monotonic() - t_start, 3), line=number))
                 phase = "ready"
 
     def step() -> Readiness | None:
@@ -224,7 +226,7 @@ def wait_ready(
             # A marker printed without its newline (the server then waits, serving): seen all the same.
             marker_seen, phase = True, "ready"
             if not any(p.name == "ready" for p in phases):
-                at = round(time.time() - t_start, 3)
+                at = round(time.monotonic() - t_start, 3)
                 phases.append(PhaseMark(name="ready", at_s=at, line=follower.lines_seen + 1))
         if marker_seen and marker_line_at is None:
             # Dated after take(): lines already taken are not read again if this call fails and the poll repeats.
@@ -233,11 +235,12 @@ def wait_ready(
             status = health_status(base_url, spec.health_path)
             if status == 200 and control.alive(running):
                 now = time.time()
+                since_launch = time.monotonic() - t_start
                 return Readiness(
                     ready=True,
                     phase="ready",
                     phases=phases,
-                    launch_to_ready_s=round(now - t_start, 3),
+                    launch_to_ready_s=round(since_launch, 3),
                     ready_detect_lag_s=round(max(0.0, now - marker_line_at), 4),
                     detail=f"ready: marker seen and {spec.health_path} answered 200",
                     last_line=last_line,

@@ -21,6 +21,7 @@ host's lock: ``reconcile`` then records it ``interrupted``, with what was found 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -216,7 +217,8 @@ class Store:
                 healing.moved_aside = str(aside)
             os.replace(tmp, path)
         except (OSError, sqlite3.Error) as e:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only store cannot even lose the file it could not make
+                tmp.unlink(missing_ok=True)
             raise StoreError(f"cannot rebuild the run index in {self.root}: {e}") from e
         healing.rebuilt = why
 

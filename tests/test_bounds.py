@@ -161,3 +161,25 @@ def _follow_briefly(tmp_path: Path, runs: Path, attempt: int) -> str:
     proc.terminate()
     out, _ = proc.communicate(timeout=20)
     return out.decode(errors="replace")
+
+
+# -- N12, N13: YAML bounds ---------------------------------------------------------------------------------------------
+
+
+def test_an_alias_bomb_and_deep_nesting_are_config_errors_at_once(tmp_path: Path) -> None:
+    """N12: a 'billion laughs' tree (9 aliases a level, 10 levels) in args is one config error, exit 2, quickly and
+    in little memory (it took 3 GB and was killed at 120 s); N13: 5 000 nested brackets, exit 2 with the file (it
+    was exit 70, RecursionError)."""
+    bomb = 'l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    for i in range(1, 10):
+        bomb += f"l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]\n"
+    bomb += "name: bomb\nhost: {kind: local}\nrecipe: refserver\nbaseline:\n  args: *l9\n"
+    cases = {"bomb": (bomb, "expands to more than"), "deep": ("name: deep\nx: " + "[" * 5000 + "]" * 5000, "nested")}
+    for name, (text, what) in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        t0 = time.monotonic()
+        res = run_cli(tmp_path / "state", tmp_path / "runs", "run", str(path), "--dry-run", timeout=60)
+        assert res.returncode == 2, res.stderr
+        assert f"{path}" in res.stderr and what in res.stderr, res.stderr
+        assert time.monotonic() - t0 < 30

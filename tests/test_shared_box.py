@@ -343,3 +343,60 @@ def test_force_never_breaks_the_lock_of_a_live_cli_on_this_machine(tmp_path: Pat
     res = run_cli(state, runs, "stop", str(path), "--json")
     assert res.returncode == 0, res.stderr
     assert "took over (its CLI was gone) the lock of run r-live" in json.loads(res.stdout)["detail"]
+
+
+# -- N20, N15b: the clock and the store ------------------------------------------------------------------------------
+
+
+def test_a_wall_clock_step_during_the_wait_records_true_durations(tmp_path: Path, runs: Path) -> None:
+    """N20: the CLI's wall clock steps back 2 h while a variant starts (NTP): no negative `launch_to_ready_s`, no
+    "ready in -7191 s"; durations come from the monotonic clock."""
+    shift = tmp_path / "shift"
+    shift.write_text("0")
+    patch = tmp_path / "clockpatch"
+    patch.mkdir()
+    (patch / "sitecustomize.py").write_text(
+        "import time\n_wall = time.time\n"
+        f"def _shifted():\n    return _wall() + float(open({str(shift)!r}).read() or 0)\n"
+        "time.time = _shifted\n"
+    )
+    path = fault_experiment(tmp_path, "n20", mode="slow-start", at_end="stop")
+    env = {**state_env(tmp_path / "state"), "PYTHONPATH": str(patch)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "campaign.cli", "--runs-dir", str(runs), "run", str(path), "--variant", "v"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if " pid " in line and "v" in line:
+            break
+    shift.write_text("-7200")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert "ready in -" not in out + err
+    for att in show(runs)["attempts"]:
+        assert att["timings"]["launch_to_ready_s"] is None or att["timings"]["launch_to_ready_s"] >= 0, att
+
+
+def test_doctor_on_a_read_only_store_is_a_clear_error(tmp_path: Path, runs: Path) -> None:
+    """N15b: `doctor` on a store mounted read-only exits 2 naming the store (it was exit 70, OSError)."""
+    sudo = _privileged()
+    if sudo is None:
+        pytest.skip("needs root or password-less sudo to mount the store read-only")
+    path = fault_experiment(tmp_path, "n15", at_end="stop")
+    assert run_cli(tmp_path / "state", runs, "run", str(path), "--variant", "v").returncode == 0
+    mounted = subprocess.run([*sudo, "mount", "--bind", str(runs), str(runs)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {mounted.stderr.strip()}")
+    try:
+        ro = subprocess.run([*sudo, "mount", "-o", "remount,ro,bind", str(runs)], capture_output=True, text=True)
+        assert ro.returncode == 0, ro.stderr
+        res = run_cli(tmp_path / "state", runs, "doctor")
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "cannot rebuild the run index" in res.stderr and "internal error" not in res.stderr
+    finally:
+        subprocess.run([*sudo, "umount", str(runs)], check=False)

@@ -12,6 +12,42 @@ from campaign.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 
+#: Bounds on what a config may cost to read: its size, the nodes it expands to (aliases counted at every use: a
+#: 639-byte "billion laughs" file expands to 10^9 nodes) and its nesting.
+MAX_YAML_BYTES = 16 << 20
+MAX_NODES = 1_000_000
+MAX_DEPTH = 100
+
+
+def _bounded(node: yaml.Node, label: str) -> None:
+    """Refuse a document whose expansion (aliases counted where used) or nesting passes the bounds; linear in the
+    document's own size (each node is sized once, its aliases reuse the figure)."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, int, bool]] = [(node, 1, False)]
+    while stack:
+        current, depth, done = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"nested more than {MAX_DEPTH} levels deep", file=label, line=current.start_mark.line + 1)
+        children: list[yaml.Node] = []
+        if isinstance(current, yaml.SequenceNode):
+            children = list(current.value)
+        elif isinstance(current, yaml.MappingNode):
+            children = [n for pair in current.value for n in pair]
+        if done:
+            sizes[id(current)] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[id(current)] > MAX_NODES:
+                raise ConfigError(
+                    f"expands to more than {MAX_NODES:,} values (aliases are counted each time they are used)",
+                    file=label,
+                    line=current.start_mark.line + 1,
+                    hint="a config this large is a mistake or an attack (an alias bomb); write the values out",
+                )
+            continue
+        if id(current) in sizes:
+            continue
+        stack.append((current, depth, True))
+        stack.extend((c, depth + 1, False) for c in children if id(c) not in sizes)
+
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """The safe loader, refusing a mapping that repeats a key (YAML's last-one-wins would hide a typo)."""
@@ -37,8 +73,18 @@ class _DuplicateKey(Exception):
 
 
 def parse_yaml(text: str, label: str) -> Any:
+    """The document in ``text``, read within the bounds above (size, expansion, nesting), or a ``ConfigError``."""
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(f"the file is {len(text):,} bytes, more than {MAX_YAML_BYTES:,}", file=label)
+    loader = _UniqueKeyLoader(text)  # a SafeLoader subclass: no arbitrary objects
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _bounded(node, label)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise ConfigError(f"nested more than {MAX_DEPTH} levels deep", file=label) from None
     except _DuplicateKey as e:
         raise ConfigError(
             f"duplicate key (first given on line {e.first}); YAML would silently keep only the last one",
@@ -52,6 +98,8 @@ def parse_yaml(text: str, label: str) -> Any:
         line = mark.line + 1 if mark is not None else None
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError(f"invalid YAML: {problem}", file=label, line=line) from None
+    finally:
+        loader.dispose()
 
 
 def validate(

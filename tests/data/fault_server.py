@@ -10,6 +10,7 @@ Modes (each changes exactly one behaviour):
 - ``marker-nonl``: prints the ready line without a newline, then serves.
 - ``ansi-log``: logs OSC and CSI sequences (a window title, a clipboard write) before its ready line.
 - ``secret-echo``: prints its command line and the environment's secret-looking values, then serves.
+- ``slow-start``: waits ``SLOW_S`` seconds (3 by default) before its ready line.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def main() -> None:
                 print(f"env {k}={v}", flush=True)
     if mode == "ansi-log":
         print("\x1b]0;PWNED-TITLE\x07\x1b]52;c;cm0gLXJmIH4vKgo=\x1b\\\x1b[2Jcleared", flush=True)
+    if mode == "slow-start":
+        time.sleep(float(os.environ.get("SLOW_S", "3")))
     if mode == "bigline":
         chunk = b"x" * (1 << 20)
         for _ in range(int(os.environ.get("BIGLINE_MB", "1"))):

@@ -202,7 +202,9 @@ async def _ask(
                 r = await client.post(path, json=body, timeout=timeout)
         except (httpx.TimeoutException, TimeoutError) as e:
             where = f" (burst of {batch}: {s.settings.timeout_s:g} s and its wait behind the rest)" if batch > 1 else ""
-            check.verdict, check.error = "error", f"{type(e).__name__}: no reply within {timeout:.1f} s{where}"
+            # Our whole-reply bound is named as httpx's per-read one: either way the reply never came in time.
+            name = "ReadTimeout" if isinstance(e, TimeoutError) else type(e).__name__
+            check.verdict, check.error = "error", f"{name}: no reply within {timeout:.1f} s{where}"
             return check
         except httpx.HTTPError as e:
             check.verdict, check.error = "error", f"{type(e).__name__}: {e}"

@@ -419,11 +419,12 @@ class ServerControl:
                 hint="inspect the host (ps, nvidia-smi) before running again",
             )
         self.forget()
+        what = _what(running)
         if not seen:
-            detail = f"{running.variant} had already exited"
+            detail = f"{what} had already exited"
         else:
             how = "SIGKILL after the grace period" if killed else "SIGTERM"
-            detail = f"stopped {running.variant} ({how}, {len(seen)} process{'es' if len(seen) != 1 else ''})"
+            detail = f"stopped {what} ({how}, {len(seen)} process{'es' if len(seen) != 1 else ''})"
         return StopReport(
             stopped=bool(seen),
             clean=True,
@@ -472,9 +473,9 @@ class ServerControl:
         self.forget()
         if seen:
             how = "SIGKILL after the grace period" if killed else "scancel"
-            detail = f"stopped {running.variant} (Slurm job {running.job_id}, {how})"
+            detail = f"stopped {_what(running)} (Slurm job {running.job_id}, {how})"
         else:
-            detail = f"{running.variant} had already exited (Slurm job {running.job_id} left the queue)"
+            detail = f"{_what(running)} had already exited (Slurm job {running.job_id} left the queue)"
         return StopReport(
             stopped=seen,
             clean=True,
@@ -505,6 +506,12 @@ class ServerControl:
         ours = running.pgid > 1 and running.pgid in {p.pid for p in members}
         group = f"kill -{sig} -{int(running.pgid)} 2>/dev/null; " if ours else ""
         self.host.run(f"{group}kill -{sig} {pids} 2>/dev/null; true", timeout=10)
+
+
+def _what(running: Running) -> str:
+    """``v of experiment E on port 30001``: what a stop names (a run may stop another experiment's server)."""
+    exp = f" of experiment {running.experiment}" if running.experiment else ""
+    return f"{running.variant}{exp} on port {running.port}"
 
 
 def _answers(addr: str, port: int) -> bool:

@@ -315,7 +315,9 @@ def test_our_server_is_found_by_its_token_when_current_json_is_lost(tmp_path: Pa
     damage_it()
     stop = run_cli(state, runs, "stop", str(path), "--json")
     assert stop.returncode == 0, stop.stderr
-    assert json.loads(stop.stdout)["stopped"] and "stopped v " in json.loads(stop.stdout)["detail"]
+    # `stop` names the experiment, variant and port of what it stops (the ecosystem review: "stopped baseline").
+    detail = json.loads(stop.stdout)["detail"]
+    assert json.loads(stop.stdout)["stopped"] and f"stopped v of experiment n2 on port {running['port']}" in detail
     assert ours_running(runs) == []
     restore = run_cli(state, runs, "restore", str(path))
     assert restore.returncode == 0, restore.stderr

@@ -224,6 +224,7 @@ def test_dry_run_checks_the_vllm_plan_and_reads_help_once_per_version(tmp_path: 
     assert "vllm 0.34.0" in bad.stderr and "--max-num-seq " in bad.stderr and "--max-num-seqs" in bad.stderr
 
 
+@pytest.mark.integration  # the real reference server's --help, through the CLI
 def test_the_reference_server_refuses_an_unknown_flag_before_anything_runs(tmp_path: Path) -> None:
     box = tmp_path / "box"
     doc = {

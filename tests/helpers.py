@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
@@ -31,3 +36,14 @@ def interpreted(needed: bool) -> Iterator[None]:
     """A module fixture's body: the module's tests run under ``triton_interpreter(needed)``."""
     with triton_interpreter(needed):
         yield
+
+
+def run_cli(*args: str, runs: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the CLI to the end as a user would (``python -m campaign.cli --runs-dir RUNS ARGS``); text streams."""
+    return subprocess.run(
+        [sys.executable, "-m", "campaign.cli", "--runs-dir", str(runs), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

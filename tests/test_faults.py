@@ -32,6 +32,7 @@ from campaign.hosts.local import LocalHost
 from campaign.hosts.ssh.testing import SSHServer, start_test_sshd
 from campaign.lock import HostLock
 from tests.fixtures.refserver import free_port
+from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 WEIGHTS = REPO / "campaign" / "refserver" / "weights" / "arith.safetensors"
@@ -41,14 +42,8 @@ WEIGHTS = REPO / "campaign" / "refserver" / "weights" / "arith.safetensors"
 
 
 def cli(*args: str, runs: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the CLI to the end, as a user would."""
-    return subprocess.run(
-        [sys.executable, "-m", "campaign.cli", "--runs-dir", str(runs), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """Run the CLI to the end, as a user would (a fault test that hangs fails after 5 minutes, not 10)."""
+    return run_cli(*args, runs=runs, timeout=timeout)
 
 
 class Background:

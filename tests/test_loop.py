@@ -20,6 +20,7 @@ import yaml
 
 from campaign.hosts.ssh.testing import SSHServer, cut_connections, start_test_sshd
 from campaign.records import ErrorDocument, HostStatus, RunSummary
+from tests.helpers import run_cli as campaign
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "hf_s3cr3t-value-0123456789"
@@ -38,17 +39,6 @@ def free_port() -> int:
             except OSError:
                 continue
             return _next_port[0]
-
-
-def campaign(*args: str, runs: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would; returns the completed process (text streams)."""
-    return subprocess.run(
-        [sys.executable, "-m", "campaign.cli", "--runs-dir", str(runs), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def experiment(tmp: Path, name: str, host: dict[str, Any], variants: list[dict[str, Any]], **extra: Any) -> Path:

@@ -24,21 +24,11 @@ from campaign.config import Experiment, load_recipe, plan
 from campaign.flags import ServerHelp, check_plan, parse_help
 from campaign.refserver.hf_export import CHECKPOINT
 from tests.fixtures.refserver import free_port
+from tests.helpers import run_cli as campaign
 
 REPO = Path(__file__).resolve().parents[1]
 TRANSFORMERS = str(Path(sys.executable).parent / "transformers")
 HELP = REPO / "tests" / "data" / "help" / "transformers-5.24.0.txt"
-
-
-def campaign(*args: str, runs: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would."""
-    return subprocess.run(
-        [sys.executable, "-m", "campaign.cli", "--runs-dir", str(runs), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def experiment(tmp: Path, name: str, variants: list[dict[str, Any]], model: Path = CHECKPOINT, **knobs: Any) -> Path:

@@ -325,7 +325,9 @@ def load_heldout(folder: Path) -> list[dict[str, Any]]:
 
     A bad record is a ``ValueError`` naming labels.jsonl's line and what to fix.
     """
-    from campaign.diagnose import KINDS
+    from campaign.diagnosis.signatures import signatures
+
+    kinds = signatures().kinds
 
     path = folder / "labels.jsonl"
     records = []
@@ -339,8 +341,8 @@ def load_heldout(folder: Path) -> list[dict[str, Any]]:
         missing = [f for f in HELDOUT_FIELDS if f not in record]
         if missing:
             raise ValueError(f"{path}:{n}: missing {', '.join(missing)}")
-        if record["kind"] not in KINDS:
-            raise ValueError(f"{path}:{n}: kind {record['kind']!r} is not one of campaign.diagnose.KINDS")
+        if record["kind"] not in kinds:
+            raise ValueError(f"{path}:{n}: kind {record['kind']!r} is not a kind of campaign/signatures.yaml")
         if record["kind"] != "healthy" and record["direction"] not in DIRECTIONS:
             raise ValueError(f"{path}:{n}: direction {record['direction']!r} is not one of {', '.join(DIRECTIONS)}")
         if not (folder / record["file"]).is_file():

@@ -28,13 +28,15 @@ and ``bench`` mean the server had become ready).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypedDict, Unpack
 
 from campaign import logscan
 from campaign.diagnosis.bench import bench_failure
 from campaign.diagnosis.case import NO_PHASE, PHASE_ALIASES, Case, matches, phase_at, ready_line, signal_of
+from campaign.diagnosis.decisive import last_exception
 from campaign.diagnosis.family import family_of
 from campaign.diagnosis.rules import crash_lines, first_cause, verdict
 from campaign.diagnosis.signatures import Rule, Signatures, parse_signatures, rules_text, signatures
@@ -54,6 +56,8 @@ __all__ = [
 ]
 
 _AFTER_READY_PHASES = {"smoke", "bench", "gates"}
+#: A warning that says the server fell back from a failed capture (and goes on) rather than failing.
+_FALLBACK = re.compile(r"\bfall(s|ing)? ?back\b|\bfallback\b|\b(will|to) (run|use) (in )?eager\b", re.IGNORECASE)
 #: More than this share of replaced characters and the log is not text campaign can read.
 _UNDECODABLE_SHARE = 0.2
 _BINARY_SHARE = 0.05
@@ -75,18 +79,23 @@ class DiagnoseOptions(TypedDict, total=False):
     bench: BenchResult | None
 
 
-def _not_ready(ctx: Case) -> Diagnosis:
-    """No readiness in the log: a root-cause rule, else what the context says."""
+def _not_ready(ctx: Case, parts: Sequence[Line] = ()) -> Diagnosis:
+    """No readiness in the log (or a part of the server failed): a root-cause rule, else what the context says."""
     cause = first_cause(ctx, ctx.lines, include_weak=False)
     if cause is not None:
         return cause
     sig = signal_of(ctx.exit_code)
-    crashes = crash_lines(ctx)
+    crashes = sorted({ln.number: ln for ln in [*crash_lines(ctx), *parts]}.values(), key=lambda ln: ln.number)
     exited = ctx.exit_code is not None and ctx.exit_code != 0
     crashed = bool(crashes) or exited
     derived, phase_line = phase_at(ctx)
     phase = PHASE_ALIASES.get(ctx.phase, ctx.phase) if ctx.phase not in NO_PHASE and ctx.phase else derived
-    wrappers = [ln for ln in ctx.lines if matches(ctx.sigs.capture_wrappers, ln)]
+    # A warning that capture fell back (to eager, to another mode) is the server coping, not capture failing.
+    wrappers = [
+        ln
+        for ln in ctx.lines
+        if matches(ctx.sigs.capture_wrappers, ln) and not (ln.quiet and _FALLBACK.search(ln.message))
+    ]
     in_capture = phase == "graph_capture"
     capture_begin = phase_line if derived == "graph_capture" else None
     failing = crashed or ctx.timed_out
@@ -116,6 +125,11 @@ def _not_ready(ctx: Case) -> Diagnosis:
     # The whole line too: zsh's "[1]    16261 killed     python3 ..." loses its job number to prefix peeling.
     killed = [ln for ln in ctx.lines if matches(ctx.sigs.killed, ln) or any(p.search(ln.text) for p in ctx.sigs.killed)]
     if killed or sig == 9:
+        # A kill after an exception of the process's own is its end, not its cause (a worker that raised, then was
+        # reaped): the exception is the decisive error.
+        raised = last_exception(ctx, before=killed[-1].number if killed else None)
+        if raised is not None:
+            return _unknown(ctx, raised, [*killed[-1:]], "a termination followed it")
         engine = [ln for ln in ctx.lines if matches(ctx.sigs.engine_wrappers, ln)]
         return verdict(
             ctx,
@@ -141,6 +155,9 @@ def _not_ready(ctx: Case) -> Diagnosis:
                 ctx, guess, 0.3, evidence, f"crashed during phase {phase!r}; the error text names no known cause"
             )
         exit_text = f" (exit status {ctx.exit_code})" if ctx.exit_code is not None else ""
+        raised = last_exception(ctx)
+        if raised is not None:
+            return _unknown(ctx, raised, evidence, f"the process failed{exit_text}")
         return verdict(ctx, "unknown", 0.2, evidence, f"the process failed{exit_text} with no recognised cause")
 
     evidence = [phase_line] if phase_line else []
@@ -151,6 +168,17 @@ def _not_ready(ctx: Case) -> Diagnosis:
     )
     return verdict(
         ctx, "inconclusive", 0.0, evidence, f"no readiness marker and no failure evidence in the log; {reached}"
+    )
+
+
+def _unknown(ctx: Case, raised: Line, context: Sequence[Line], how: str) -> Diagnosis:
+    """A failure whose decisive error is an exception no rule knows: quoted, with the generic next step."""
+    return verdict(
+        ctx,
+        "unknown",
+        0.3,
+        [raised, *context],
+        f"the decisive error is line {raised.number}: {raised.message[:200]} ({how}; no rule names its cause)",
     )
 
 
@@ -226,6 +254,15 @@ def diagnose_scan(
     # A ready line whose health check never answered before the deadline is a stall, not a healthy server.
     log_ready = ready is not None and not (timed_out and not loop_saw_ready)
     became_ready = log_ready or post_ready_phase or loop_saw_ready
+    # A server of several parts (models, shards, ranks, workers) is ready only when every part it reports is: one
+    # ready part does not make a failed one ready.
+    parts = [
+        ln
+        for ln in ctx.lines
+        if matches(ctx.sigs.part_failed, ln) or any(p.search(ln.text) for p in ctx.sigs.part_failed)
+    ]
+    if parts and not loop_saw_ready:
+        return _not_ready(ctx, parts)
     if not became_ready:
         return _not_ready(ctx)
 

@@ -22,6 +22,15 @@ from campaign.fingerprint import ANSI, strip_prefix
 from campaign.needles import KEY_BYTES, NeedleIndex
 
 _ANSI_BYTES = re.compile(ANSI.pattern.encode())
+#: A multiprocess server's tag at the head of a line, in key form: vLLM's "(EngineCore_DP0 pid=230) ", Ray's
+#: "(RayWorkerWrapper pid=77, ip=10.0.0.1) ".
+_PROCESS_TAG = re.compile(rb"^\([\w.:-]+ pid=0+(, ip=[\d.:]+)?\) ", re.MULTILINE)
+
+
+def _blank(m: re.Match[bytes]) -> bytes:
+    return b" " * (m.end() - m.start())
+
+
 _BLOCK = 1 << 20
 #: A line longer than this keeps its head and tail only (a progress bar redrawn with "\r" for an hour is one line).
 MAX_LINE = 8000
@@ -143,6 +152,10 @@ class Scanner:
         if b"\x1b" in data or b"^[" in data:
             data = _ANSI_BYTES.sub(b"", data)
         keyed = data.translate(KEY_BYTES)
+        if b" pid=" in keyed:
+            # A process tag on every line ("(EngineCore_DP0 pid=230) ") is the same on the millionth line as on the
+            # first: blanked in the key (same length, so offsets hold), it cannot make every line a needle hit.
+            keyed = _PROCESS_TAG.sub(_blank, keyed)
         cache, index = self._cache, self.cats.index
         base = self._line
         active = self._active

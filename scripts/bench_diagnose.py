@@ -8,8 +8,9 @@ the targets (5 s, 200 MB) or is diagnosed as something other than what it holds.
 
 The logs: an SGLang server that served for hours and then died of an illegal memory access (batch and request lines
 that differ only in their numbers); a vLLM server whose every request line carries a distinct request id (no two keys
-alike: the worst case for the scanner's cache); one progress bar redrawn with carriage returns on a single 200 MB
-line, then an OOM; and a healthy SGLang start followed by hours of serving.
+alike: the worst case for the scanner's cache); a vLLM server whose every line carries its process tag
+(``(EngineCore_DP0 pid=230)``, ``(APIServer pid=101)``); one progress bar redrawn with carriage returns on a single
+200 MB line, then an OOM; and a healthy SGLang start followed by hours of serving.
 """
 
 from __future__ import annotations
@@ -72,6 +73,18 @@ def _vllm_line(i: int) -> bytes:
     ).encode()
 
 
+def _vllm_engine_line(i: int) -> bytes:
+    # vLLM V1 as a multiprocess server: every line tagged with its process, the engine's and the API server's.
+    if i % 2:
+        return (
+            f"(EngineCore_DP0 pid=230) INFO 12-01 10:00:{i % 60:02d} [core.py:{i % 900}] step {i}: scheduled "
+            f"{i % 64} reqs, {i % 4096} tokens, kv usage {i % 100}.{i % 10}%\n"
+        ).encode()
+    return (
+        f'(APIServer pid=101) INFO:     127.0.0.1:{40000 + i % 20000} - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+    ).encode()
+
+
 def make_logs(folder: Path, size: int) -> dict[str, tuple[Path, str]]:
     """The benchmark logs, written under ``folder``: name -> (path, the kind each must be diagnosed as)."""
     logs = {}
@@ -97,6 +110,16 @@ def make_logs(folder: Path, size: int) -> dict[str, tuple[Path, str]]:
             b"an issue. See stack trace (above) for the root cause.\n"
         )
     logs["vllm, distinct request ids, then OOM"] = (path, "gpu_oom")
+
+    path = folder / "vllm-process-tagged-then-oom.log"
+    with path.open("wb") as f:
+        f.write(VLLM_START)
+        _fill(f, size, _vllm_engine_line)
+        f.write(
+            b"(EngineCore_DP0 pid=230) ERROR 12-01 12:00:00 [core.py:850] torch.OutOfMemoryError: CUDA out of "
+            b"memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB\n"
+        )
+    logs["vllm, every line process-tagged, then OOM"] = (path, "gpu_oom")
 
     path = folder / "one-progress-bar-line-then-oom.log"
     with path.open("wb") as f:

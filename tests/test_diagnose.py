@@ -209,7 +209,10 @@ def test_an_unknown_crash_is_not_forced_into_a_known_kind() -> None:
     d = diagnose(log, exit_code=1)
     assert d.kind == "unknown"
     assert d.confidence <= 0.3
-    assert d.evidence[-1].text == "KeyError: 'frobnicate'"
+    # The decisive error first, quoted in the summary; the generic next step in the hint.
+    assert d.evidence[0].text == "KeyError: 'frobnicate'"
+    assert "line 3: KeyError: 'frobnicate'" in d.summary
+    assert "add a rule" in d.hint
 
 
 def test_every_returned_kind_is_declared_with_a_title_and_a_hint() -> None:
@@ -575,3 +578,97 @@ def test_an_inconclusive_diagnosis_renders_without_a_fingerprint(tmp_path: Path)
     render_diagnosis(console, d)
     text = console.export_text()
     assert "inconclusive" in text and "'load'" in text and "fingerprint" not in text
+
+
+def test_a_kill_after_the_process_raised_is_its_end_not_host_oom() -> None:
+    # The termination line is the messenger: the exception before it is the decisive error, quoted, and the hint is
+    # not "add RAM".
+    log = (
+        "INFO 12-01 10:00:00 [core.py:1] Initializing a V1 LLM engine (v0.9.1)\n"
+        "Traceback (most recent call last):\n"
+        '  File "/app/worker.py", line 88, in init_device\n'
+        "    raise ValueError(f'unsupported rope scaling type {kind!r}')\n"
+        "ValueError: unsupported rope scaling type 'yarn2'\n"
+        "run.sh: line 12:  4242 Killed                  vllm serve /models/m\n"
+    )
+    d = diagnose(log, exit_code=137)
+    assert d.kind == "unknown"
+    assert "ValueError: unsupported rope scaling type 'yarn2'" in d.summary
+    assert d.evidence[0].text.startswith("ValueError")
+    assert "RAM" not in d.hint
+    # The same kill with no exception of the process's own is still the OOM killer's usual work.
+    bare = diagnose("INFO 12-01 10:00:00 Loading weights\nrun.sh: line 12:  4242 Killed    vllm serve m\n")
+    assert bare.kind == "host_oom_killed"
+
+
+def test_a_part_of_the_server_failed_is_not_ready_however_ready_the_others_are() -> None:
+    # Triton's model table: one model READY, another UNAVAILABLE, then the server starts its endpoints.
+    log = (
+        "I1204 10:00:01.000 1 server.cc:674]\n"
+        "+---------+---------+--------------------------------------------------------------+\n"
+        "| Model   | Version | Status                                                       |\n"
+        "+---------+---------+--------------------------------------------------------------+\n"
+        "| ensemble| 1       | READY                                                        |\n"
+        "| llm     | 1       | UNAVAILABLE: Internal: unexpected error when creating model |\n"
+        "+---------+---------+--------------------------------------------------------------+\n"
+        'I1204 10:00:02.000 1 grpc_server.cc:2451] "Started GRPCInferenceService at 0.0.0.0:8001"\n'
+    )
+    d = diagnose(log)
+    assert d.kind not in ("healthy", "inconclusive")
+    assert any("UNAVAILABLE" in e.text for e in d.evidence)
+    ready_only = log.replace("UNAVAILABLE: Internal: unexpected error when creating model", "READY" + " " * 53)
+    assert diagnose(ready_only).kind == "healthy"
+
+
+def test_a_capture_fallback_warning_is_not_a_capture_failure() -> None:
+    log = (
+        "INFO 12-01 10:00:00 [gpu_model_runner.py:1] Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)\n"
+        "WARNING 12-01 10:00:05 [cuda_graph.py:2] CUDA graph capture failed for size 512; falling back to eager "
+        "for this size\n"
+        "INFO 12-01 10:00:09 [gpu_model_runner.py:3] Graph capturing finished in 9 secs\n"
+    )
+    d = diagnose(log)
+    assert d.kind == "inconclusive"
+    assert diagnose(log + "INFO:     Application startup complete.\n").kind == "healthy"
+
+
+def test_a_segfault_while_replaying_a_captured_graph_is_a_graph_failure() -> None:
+    log = (
+        "[2026-12-01 10:00:00 TP0] Capture cuda graph end. Time elapsed: 12.1 s\n"
+        "[2026-12-01 10:00:01] INFO:     Uvicorn running on http://127.0.0.1:30000\n"
+        "Fatal Python error: Segmentation fault\n"
+        "\n"
+        "Thread 0x00007f3a (most recent call first):\n"
+        '  File "/sgl/python/sglang/srt/model_executor/cuda_graph_runner.py", line 612 in replay\n'
+        '  File "/sgl/python/sglang/srt/model_executor/model_runner.py", line 1203 in forward_decode\n'
+    )
+    d = diagnose(log)
+    assert d.kind == "cuda_graph_capture_failed", d.summary
+
+
+def test_a_toolchain_that_does_not_know_the_gpu_is_not_told_to_shrink_blocks() -> None:
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3/site-packages/triton/backends/nvidia/compiler.py", line 338, in make_cubin\n'
+        "RuntimeError: Internal Triton PTX codegen error\n"
+        "ptxas fatal   : Value 'sm_121a' is not defined for option 'gpu-name'\n"
+    )
+    d = diagnose(log)
+    assert d.kind == "triton_compile_error"
+    assert "does not know this GPU" in d.summary
+    assert "Reduce" not in d.hint and "reduce" not in d.hint and "newer ptxas" in d.hint
+    assert diagnose("RuntimeError: CUDA error: no kernel image is available for execution on the device\n").kind == (
+        "unsupported_hardware"
+    )
+
+
+def test_an_external_memory_monitor_killing_workers_is_host_memory() -> None:
+    log = (
+        "INFO 12-01 10:00:00 Loading weights\n"
+        "(raylet) [2026-12-01 10:00:09] Task was killed due to the node running low on memory.\n"
+        "Last 5 lines of the memory monitor: Memory on the node was 61.2GB / 62.0GB (0.98); worker killed\n"
+    )
+    assert diagnose(log).kind == "host_oom_killed"
+    assert diagnose("Pod llm-0 container vllm: Last State: Terminated Reason: OOMKilled Exit Code: 137\n").kind == (
+        "host_oom_killed"
+    )

@@ -11,6 +11,7 @@ import yaml
 from campaign.diagnose import diagnose, signatures
 
 ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
 
 SGLANG_ARGS = (
     "[2026-12-01 10:00:00] server_args=ServerArgs(model_path='/models/Qwen3-32B', tp_size=2, "
@@ -100,6 +101,25 @@ EXAMPLES = {
     "stall-in-load": "[2026-12-01 10:00:00 TP0] Load weight begin. avail mem=79.10 GB\n",
     "stall-in-compile": "INFO 12-01 10:00:00 [backends.py:1] Dynamo bytecode transform time: 9.2 s\n"
     + "INFO 12-01 10:00:10 [backends.py:2] Compiling a graph for dynamic shape takes 40.1 s\n",
+    "shm-bus-error": (DATA / "variants" / "host_oom_killed--shm-bus-error.log").read_text(),
+    "nccl-shm-too-small": "INFO 12-01 10:00:00 [parallel_state.py:1] world_size=2 rank=1 backend=nccl\n"
+    + "node1:412:412 [1] NCCL INFO Channel 00 : 1[1] -> 0[0] via SHM/direct/direct\n"
+    + "node1:412:412 [1] include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space left on device\n"
+    + "node1:412:412 [1] include/shm.h:48 NCCL WARN Error while creating shared memory segment "
+    + "/dev/shm/nccl-Hp3yVa (size 9637888)\n"
+    + "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, "
+    + "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n",
+    "ptxas-unknown-arch": "INFO 12-01 10:00:00 [backends.py:1] Compiling a graph for dynamic shape\n"
+    + "Traceback (most recent call last):\n"
+    + '  File "/usr/lib/python3/site-packages/triton/backends/nvidia/compiler.py", line 338, in make_cubin\n'
+    + "    raise RuntimeError(f'{error}\\n`ptxas` stderr:\\n{log}')\n"
+    + "RuntimeError: Internal Triton PTX codegen error\n"
+    + "`ptxas` stderr:\n"
+    + "ptxas fatal   : Value 'sm_121a' is not defined for option 'gpu-name'\n",
+    "ptxas-target-unsupported": "ptxas /tmp/tmpx1/kernel.ptx, line 5; error   : PTX .target 'sm_90a' is not "
+    + "supported by this version of ptxas\n"
+    + "ptxas fatal   : Ptx assembly aborted due to errors\n"
+    + "RuntimeError: ptxas /tmp/tmpx1/kernel.ptx does not support .target sm_90a\n",
 }
 #: How each example is diagnosed: the options the campaign loop would pass.
 OPTIONS: dict[str, dict[str, object]] = {

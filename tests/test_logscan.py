@@ -62,3 +62,16 @@ def test_block_boundaries_do_not_change_the_verdict_or_the_line_numbers(size: in
     kept = scanner.finish().lines
     assert [ln.number for ln in kept if "illegal" in ln.text] == [5001]
     assert diagnose(log).evidence[0].line == 5001
+
+
+def test_a_process_tag_on_every_line_neither_hides_nor_shifts_the_cause() -> None:
+    # vLLM tags each line of a multiprocess server with its process ("(EngineCore_DP0 pid=230) "); the scan blanks the
+    # tag in its keys (so it cannot make every line a needle hit) and must still find, number and quote the cause.
+    lines = [f"(EngineCore_DP0 pid=230) INFO 12-01 10:00:{i % 60:02d} [core.py:{i}] step {i}" for i in range(500)]
+    lines.append(
+        "(EngineCore_DP0 pid=230) ERROR 12-01 10:01:00 [core.py:850] torch.OutOfMemoryError: CUDA out of memory."
+    )
+    d = diagnose("\n".join(lines) + "\n")
+    assert d.kind == "gpu_oom"
+    assert d.evidence[0].line == 501
+    assert d.evidence[0].text.startswith("(EngineCore_DP0 pid=230) ERROR")

@@ -144,6 +144,8 @@ class Signatures:
     death: tuple[re.Pattern[str], ...]
     memory_pressure: tuple[re.Pattern[str], ...]
     killed: tuple[re.Pattern[str], ...]
+    #: A part of a server with several (a model, a shard, a rank, a worker) reported failed or unavailable.
+    part_failed: tuple[re.Pattern[str], ...] = ()
     causes: dict[str, tuple[Cause, ...]] = field(default_factory=dict)
     #: Every pattern source, by scan category (the needle index is built from these).
     sources: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -341,7 +343,7 @@ def parse_signatures(text: str, *, drop: frozenset[str] = frozenset()) -> Signat
     ready_any = listed(ready.get("any"), "ready.any")
     ready_ns = listed(ready.get("not_sglang"), "ready.not_sglang")
     shape = listed(data.get("sglang_shape"), "sglang_shape")
-    lists = {n: listed(data.get(n), n) for n in ("crash", "death", "memory_pressure", "killed")}
+    lists = {n: listed(data.get(n), n) for n in ("crash", "death", "memory_pressure", "killed", "part_failed")}
 
     causes: dict[str, list[Cause]] = {}
     for kind, items in (data.get("causes") or {}).items():
@@ -400,6 +402,7 @@ def parse_signatures(text: str, *, drop: frozenset[str] = frozenset()) -> Signat
         death=_union(lists["death"]),
         memory_pressure=_union(lists["memory_pressure"]),
         killed=_union(lists["killed"]),
+        part_failed=_union(lists["part_failed"]),
         causes={k: tuple(v) for k, v in causes.items()},
         sources={
             "keep": tuple(keep),

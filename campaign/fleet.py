@@ -1,6 +1,6 @@
 """A fleet: one run of an experiment spread over several hosts at once, recorded as one run with one report.
 
-Each host runs the loop a run on one host runs (``campaign.Campaign``), in a thread of its own: its own lock, its
+Each host runs the loop a run on one host runs (``pipeline.Campaign``), in a thread of its own: its own lock, its
 own known-good and restores, its own readiness, smoke and bench. The threads spend their time waiting on the hosts
 (SSH calls, health polls, benches), so one process drives them all. What they share is this module's ``Fleet``:
 
@@ -31,11 +31,11 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 
-from campaign.campaign import Campaign, Event, EventSink
-from campaign.config import Loaded, PlannedVariant, plan
+from campaign.config import Loaded, PlannedVariant, chosen
 from campaign.errors import CampaignError, HostError, LockHeld
 from campaign.hosts.base import Host
 from campaign.interruption import Interrupted, Interruption
+from campaign.pipeline import Campaign, Event, EventSink
 from campaign.records import Environment, Final, HostRun, PlanEstimate, RunReport, RunStatus
 from campaign.store import Store, now_iso
 
@@ -88,7 +88,8 @@ class Fleet:
         self._refused: dict[str, CampaignError] = {}
         #: What ended a host's loop with an error, by host name (raised once every host is done).
         self._errors: dict[str, BaseException] = {}
-        self.planned = plan(exp, loaded.recipe, only)
+        #: The variants the run runs, by name, in plan order (each host renders its own plan: its knobs differ).
+        self.variants = [c.name for c in chosen(exp, only)]
         self._part_store = part_store = _PartStore(store, self)
         self.parts = [
             Campaign(
@@ -113,7 +114,7 @@ class Fleet:
             hosts=[HostRun(host=h.name) for h in hosts],
         )
 
-    # -- what the hosts' loops share (campaign.Share) ----------------------------------------------------------------
+    # -- what the hosts' loops share (pipeline.Share) ------------------------------------------------------------
 
     def claim(self, host: str, pv: PlannedVariant) -> bool:
         """The baseline runs on every host; any other variant once, on the first host with a proven baseline."""
@@ -288,7 +289,7 @@ class Fleet:
             detail="; ".join(f"{h.host}: {_describe(h.final)}" for h in report.hosts),
         )
         attempted = {a.variant for a in report.attempts if a.role == "variant"}
-        report.not_run = [pv.name for pv in self.planned if pv.name not in attempted]
+        report.not_run = [name for name in self.variants if name not in attempted]
         early = [f"{h.host}: {h.ended_early}" for h in ran if h.ended_early]
         report.ended_early = "; ".join(early) or None
 

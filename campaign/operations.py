@@ -21,7 +21,6 @@ from campaign import config as cfg
 from campaign import outcome
 from campaign.bench import run_bench
 from campaign.box import box_status, doctor, stop_box
-from campaign.campaign import Campaign, EventSink, restore_now
 from campaign.compare import compare
 from campaign.comparison import ALPHA, MIN_EFFECT, Comparison
 from campaign.errors import HostError, StoreError, UsageError
@@ -29,6 +28,7 @@ from campaign.estimate import estimate
 from campaign.flags import checked_plan
 from campaign.fleet import Fleet, fleet_estimate
 from campaign.hosts import Host, open_host
+from campaign.pipeline import Campaign, EventSink, restore_now
 from campaign.readiness import LogFollower
 from campaign.records import (
     Attempt,

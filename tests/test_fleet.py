@@ -24,9 +24,9 @@ import pytest
 import yaml
 from rich.console import Console
 
-from campaign.campaign import Event
 from campaign.console.run import RunDisplay
 from campaign.hosts.ssh.testing import SSHServer
+from campaign.pipeline import Event
 from tests.test_faults import Background, cleanup, cli, free_port, ours_running, show
 
 VARIANTS = [

@@ -34,7 +34,16 @@ from campaign.config.recipe import (
     available_recipes,
     load_recipe,
 )
-from campaign.config.rendering import MAX_ARG_BYTES, PlannedVariant, plan, render, template_vars
+from campaign.config.rendering import (
+    MAX_ARG_BYTES,
+    PlannedVariant,
+    chosen,
+    knobs_in_force,
+    plan,
+    render,
+    renders,
+    template_vars,
+)
 from campaign.config.shell import shell_line, shell_word
 from campaign.config.variant import BaselineConfig, VariantConfig
 
@@ -67,8 +76,10 @@ __all__ = [
     "VariantConfig",
     "apply_override",
     "available_recipes",
+    "chosen",
     "duration_s",
     "env_names",
+    "knobs_in_force",
     "expand_matrix",
     "line_of",
     "load",
@@ -81,4 +92,5 @@ __all__ = [
     "shell_word",
     "template_vars",
     "version_key",
+    "renders",
 ]

@@ -27,6 +27,22 @@ class PlannedVariant:
     config: VariantConfig | None = None
 
 
+#: How many variants this process has rendered (``renders()``).
+_renders = 0
+
+
+def renders() -> int:
+    """How many variants this process has rendered so far: what a test reads to count a run's renders."""
+    return _renders
+
+
+def knobs_in_force(recipe: Recipe, variant: VariantConfig, baseline: VariantConfig) -> dict[str, KnobValue]:
+    """The knobs ``variant`` runs with: the baseline's, its own over them, the recipe's default port."""
+    knobs: dict[str, KnobValue] = {**baseline.knobs, **variant.knobs}
+    knobs.setdefault("port", recipe.default_port)
+    return knobs
+
+
 def render(
     recipe: Recipe,
     variant: VariantConfig,
@@ -38,8 +54,9 @@ def render(
 
     ``server_version`` picks each knob's spelling for that release (the current spelling when None).
     """
-    knobs: dict[str, KnobValue] = {**baseline.knobs, **variant.knobs}
-    knobs.setdefault("port", recipe.default_port)
+    global _renders
+    _renders += 1
+    knobs = knobs_in_force(recipe, variant, baseline)
     tmpl_vars = {**recipe.vars, **extra_vars}
     command: list[str] = []
     for part in recipe.command:
@@ -117,10 +134,11 @@ def _fits_exec(text: str, field: str) -> None:
         )
 
 
-def plan(
-    experiment: Experiment, recipe: Recipe, only: Sequence[str] = (), server_version: str | None = None
-) -> list[PlannedVariant]:
-    """Every variant of ``experiment`` rendered, in run order; ``only`` keeps the named ones (baseline kept)."""
+def chosen(experiment: Experiment, only: Sequence[str] = ()) -> list[VariantConfig]:
+    """The variants a run of ``experiment`` runs, in order, unrendered; ``only`` keeps the named ones (baseline kept).
+
+    ``UsageError`` names a variant ``only`` asks for that the experiment does not have.
+    """
     configs = experiment.variant_configs()
     if only:
         names = {c.name for c in configs}
@@ -131,6 +149,14 @@ def plan(
                 hint="variants: " + ", ".join(c.name for c in configs),
             )
         configs = [c for c in configs if c.name in only or (c is experiment.baseline and experiment.run_baseline)]
+    return configs
+
+
+def plan(
+    experiment: Experiment, recipe: Recipe, only: Sequence[str] = (), server_version: str | None = None
+) -> list[PlannedVariant]:
+    """Every variant of ``experiment`` rendered, in run order; ``only`` keeps the named ones (baseline kept)."""
+    configs = chosen(experiment, only)
     tmpl_vars = template_vars(experiment)
     planned = [render(recipe, c, experiment.baseline, tmpl_vars, server_version) for c in configs]
     if experiment.profile is not None and recipe.profile is not None:

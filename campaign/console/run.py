@@ -20,11 +20,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from campaign.campaign import Event, EventSink
 from campaign.config import shell_line
 from campaign.console.bench import bench_progress, sla_line
 from campaign.console.profile import profile_plan, render_profile
 from campaign.operations import Plan, host_label
+from campaign.pipeline import Event, EventSink
 from campaign.records import Attempt, BenchEvent, RunReport
 from campaign.redaction import mask_args, mask_env
 

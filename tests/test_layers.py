@@ -58,7 +58,7 @@ FLOORS: dict[str, int] = {
     "server": 7,
     "readiness": 8,
     "box": 9,
-    "campaign": 9,
+    "pipeline": 9,
     "fleet": 10,
     "operations": 11,
     "console": 12,

@@ -143,7 +143,7 @@ def run_fleet(path: Path, runs: Path, hosts: Sequence[ScriptedHost], **options: 
 
 def run(path: Path, runs: Path, host: ScriptedHost | None = None, **options: Any) -> RunReport:
     """Run the experiment at ``path`` in this process, as ``campaign run`` does on one host; the report."""
-    from campaign.campaign import Campaign
+    from campaign.pipeline import Campaign
 
     loaded = cfg.load(str(path))
     with_host = host or ScriptedHost()

@@ -10,10 +10,10 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 
-from campaign import __version__
 from campaign.errors import CampaignError
 from campaign.hosts.base import Host
 from campaign.records import Environment
+from campaign.version import commit, version
 
 #: OS, Python and the first GPU with its driver, one per line ("-" and "none" when absent).
 _FACTS = (
@@ -31,7 +31,7 @@ def probe_environment(
     values: Mapping[str, str],
     clock_offset_s: float = 0.0,
 ) -> Environment:
-    """Host facts and the recipe's ``probes`` (templates filled from ``values``), with campaign's version."""
+    """Host facts and the recipe's ``probes`` (templates filled from ``values``), with campaign's version and commit."""
     res = host.run(_FACTS, timeout=30)
     lines = [*res.stdout.strip().splitlines(), "", "", ""]
     gpu, _, driver = lines[2].partition(",")
@@ -55,7 +55,8 @@ def probe_environment(
         python=lines[1],
         gpu=gpu.strip() or "none",
         driver=driver.strip() or None,
-        campaign_version=__version__,
+        campaign_version=version(),
+        campaign_commit=commit(),
         recipe=recipe,
         clock_offset_s=round(clock_offset_s, 4),
         **found,

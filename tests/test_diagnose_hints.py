@@ -218,3 +218,14 @@ def test_capture_on_a_host_without_cuda_says_so_and_not_to_shrink_the_batch() ->
     assert d.kind == "cuda_graph_capture_failed"
     assert "no CUDA device" in d.summary and "CUDA graphs need a CUDA device" in d.hint
     assert "lower --cuda-graph-max-bs" not in d.hint
+
+
+def test_a_recipe_given_by_path_spells_its_own_flags(tmp_path: Path) -> None:
+    # A run whose experiment names a recipe file: diagnosis reads that file's family, not a shipped one.
+    recipe = yaml.safe_load((ROOT / "campaign" / "recipes" / "vllm.yaml").read_text())
+    recipe["name"] = "myvllm"
+    recipe["knobs"]["mem_fraction"] = {"flag": "--gpu-mem-share"}
+    path = tmp_path / "myvllm.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    d = diagnose(EXAMPLES["sglang-capture-oom"], server=str(path), knobs={"mem_fraction": 0.9})
+    assert "lower --gpu-mem-share from 0.9 to 0.85" in d.hint

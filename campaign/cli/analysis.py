@@ -15,7 +15,8 @@ from campaign.console import Output
 def diagnose(
     logfile: Annotated[Path, typer.Argument(help="A server log file.")],
     server: Annotated[
-        str | None, typer.Option("--server", help="refserver, sglang or vllm (for flag spellings).")
+        str | None,
+        typer.Option("--server", help="The recipe (sglang, vllm, ... or a recipe file): its ready marker and flags."),
     ] = None,
     exit_code: Annotated[int | None, typer.Option("--exit-code", help="The process's exit status, if known.")] = None,
     json_out: JsonOpt = False,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from campaign.config import available_recipes, load_recipe
 from campaign.errors import ConfigError
@@ -31,8 +32,11 @@ class Family:
 
 @functools.cache
 def family_of(server: str | None) -> Family | None:
-    """The family of the recipe shipped under ``server``, or None (no server given, or no such recipe)."""
-    if not server or not re.fullmatch(r"[\w-]+", server) or server not in available_recipes():
+    """The family of the recipe named ``server`` (shipped, or a recipe file's path), or None (no such recipe)."""
+    if not server:
+        return None
+    by_path = Path(server).suffix in {".yaml", ".yml"} and Path(server).is_file()
+    if not by_path and (not re.fullmatch(r"[\w-]+", server) or server not in available_recipes()):
         return None
     try:
         recipe = load_recipe(server)

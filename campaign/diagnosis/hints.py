@@ -40,6 +40,11 @@ def _flag(ctx: Case, knob: str) -> str:
     return f"{knob} ({spelled})" if spelled else knob
 
 
+def _family_name(ctx: Case) -> str | None:
+    """The key of per-server hints: the recipe's own name (a recipe given by path too), else what was passed."""
+    return ctx.family.name if ctx.family is not None else ctx.server
+
+
 def _fmt(value: float) -> str:
     # Four significant digits: 0.001 stays 0.001 (two fixed decimals showed it as "0."), 0.85 stays 0.85.
     return str(int(value)) if float(value).is_integer() and abs(value) >= 1 else f"{value:.4g}"
@@ -96,8 +101,8 @@ def hint_for(ctx: Case, kind: str, evidence: Sequence[Line], after_ready: bool) 
     info = ctx.sigs.kinds.get(kind) or KindInfo(title=kind, hints={})
     cause = _cause(ctx, kind, evidence, after_ready)
     if cause is None:
-        return info.hint(ctx.server), ""
-    text = cause.hint(ctx.server) or info.hint(ctx.server)
+        return info.hint(_family_name(ctx)), ""
+    text = cause.hint(_family_name(ctx)) or info.hint(_family_name(ctx))
     steps = [t for t in (_step_text(ctx, s) for s in cause.steps) if t]
     if steps:
         text = text.rstrip() + " Next: " + "; or ".join(steps) + "."

@@ -7,6 +7,7 @@ The same behaviours are tested end to end through the CLI against the reference 
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from campaign.errors import CampaignError
@@ -30,6 +31,10 @@ def test_a_failed_variant_is_diagnosed_and_the_known_good_proven_again(tmp_path:
     assert [r.outcome for r in report.restores] == ["restored"] and report.restores[0].variant == "baseline"
     assert report.status == "failed" and exit_code(report) == 1
     assert report.final.healthy and report.final.variant == "baseline"
+    # The build that ran is in the report: the commit campaign ran from (git's own answer), and the version naming it.
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert (report.environment.campaign_commit or "").startswith(head)
+    assert f"+g{head[:12]}" in (report.environment.campaign_version or "")
 
 
 def test_a_restore_that_fails_leaves_the_run_unproven_exit_3(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from rich.console import Console
 from campaign.console.run import RunDisplay
 from campaign.hosts.ssh.testing import SSHServer
 from campaign.pipeline import Event
+from campaign.records import Attempt, LaunchSpec
 from tests.test_faults import Background, cleanup, cli, free_port, ours_running, show
 
 VARIANTS = [
@@ -287,6 +288,9 @@ def test_a_host_locked_by_another_campaign_takes_no_part(
     assert not (states[0] / "lock").exists()
 
 
+_SPEC = LaunchSpec(recipe="refserver", command=["serve"], port=1, ready_marker="ready", health_path="/health")
+
+
 def test_the_live_view_shows_each_hosts_progress() -> None:
     """On a terminal, a line per host (done, passed, what runs there now) above the attempts, which name their host."""
     screen = StringIO()
@@ -294,9 +298,10 @@ def test_the_live_view_shows_each_hosts_progress() -> None:
     with display.session() as sink:
         sink(Event("attempt_start", 0, "baseline", "variant", host="box-a"))
         sink(Event("attempt_start", 1, "baseline", "variant", host="box-b"))
-        sink(Event("attempt_end", 0, "baseline", "variant", text="passed", host="box-a"))
+        done = Attempt(index=0, variant="baseline", host="box-a", spec=_SPEC, outcome="passed")
+        sink(Event("attempt_end", 0, "baseline", "variant", text="passed", record=done, host="box-a"))
         sink(Event("attempt_start", 2, "small", "variant", host="box-a"))
-        sink(Event("phase", 2, "small", "variant", text="load", host="box-a"))
+        sink(Event("phase", 2, "small", "variant", text="load", phase="load", host="box-a"))
     text = _plain(screen.getvalue())
     assert "box-a  1 done, 1 passed  now #2 small: load" in text, text
     assert "box-b  0 done, 0 passed  now #1 baseline: stopping" in text, text

@@ -81,17 +81,17 @@ class RunDisplay:
             # The bench bar starts with the first bench and lasts to the end of the session.
             if self._bench is None and self._stack is not None:
                 self._bench = self._stack.enter_context(bench_progress(self.console))
-            if self._bench is not None and isinstance(ev.payload, BenchEvent):
-                self._bench(ev.payload)
+            if self._bench is not None and ev.progress is not None:
+                self._bench(ev.progress)
             return
         row = self.rows.get(ev.attempt) if ev.attempt is not None else None
         say = partial(self._say, host=ev.host)
         if ev.kind == "attempt_start" and ev.attempt is not None:
             row = self.rows[ev.attempt] = _Row(ev.variant or "?", ev.role or "variant", ev.host)
             say(f"[bold]#{ev.attempt} {escape(row.variant)}[/] ({row.role}): stopping what runs, launching")
-        elif row is not None and ev.kind == "phase":
-            row.phase = ev.text
-            say(f"  #{ev.attempt} phase {ev.text} at {time.monotonic() - row.started:.1f} s", dim=True)
+        elif row is not None and ev.kind == "phase" and ev.phase is not None:
+            row.phase = ev.phase
+            say(f"  #{ev.attempt} phase {ev.phase} at {time.monotonic() - row.started:.1f} s", dim=True)
         elif row is not None and ev.kind == "line":
             if ev.text.strip():
                 row.last = ev.text.strip()[:160]
@@ -101,24 +101,25 @@ class RunDisplay:
             elif ev.kind == "launched":
                 row.phase = "launch"  # until the log names a phase
             say(f"  #{ev.attempt} {escape(ev.text)}", dim=ev.kind in {"launched", "stopped"})
-        elif row is not None and ev.kind == "attempt_end":
+        elif row is not None and ev.kind == "attempt_end" and ev.record is not None:
             row.ended = time.monotonic()
-            row.outcome = ev.text
             rec = ev.record
+            row.outcome = rec.outcome
             detail = ""
-            if rec is not None and rec.outcome == "failed":
+            if rec.outcome == "failed":
                 kind = rec.diagnosis.kind if rec.diagnosis else "?"
                 detail = f"failed in {rec.failed_phase}: {kind}"
                 if rec.diagnosis and rec.diagnosis.hint:
                     detail += f" — {rec.diagnosis.hint}"
             row.detail = detail
-            style = _OUTCOME_STYLE.get(ev.text, "")
-            say(f"  #{ev.attempt} [{style}]{ev.text}[/] {escape(detail)}")
-            if rec is not None and rec.diagnosis and rec.outcome == "failed":
+            style = _OUTCOME_STYLE.get(rec.outcome, "")
+            say(f"  #{ev.attempt} [{style}]{rec.outcome}[/] {escape(detail)}")
+            if rec.diagnosis and rec.outcome == "failed":
                 for e in rec.diagnosis.evidence[:3]:
                     say(f"      line {e.line}: {escape(e.text[:150])}", dim=True)
         elif ev.kind in {"restore_start", "restore_end", "isolation", "note", "run_start"}:
-            style = "bold red" if ev.kind == "restore_end" and "failed" in ev.text.split(":")[0] else "cyan"
+            failed = ev.restore is not None and ev.restore.outcome == "failed"
+            style = "bold red" if failed else "cyan"
             say(f"[{style}]{escape(ev.text)}[/]")
         self._refresh()
 

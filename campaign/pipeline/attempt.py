@@ -189,7 +189,7 @@ class AttemptRun:
             poll_s=timeouts.poll_s,
             offset_s=state.offset,
             on_line=on_line,
-            on_phase=lambda name: self.emit("phase", name),
+            on_phase=lambda name: state.emit(Event("phase", att.index, att.variant, att.role, text=name, phase=name)),
         )
         att.phases = ready.phases
         att.exit_code = ready.exit_code
@@ -245,7 +245,7 @@ class AttemptRun:
         exp = state.exp
 
         def progress(ev: BenchEvent) -> None:
-            state.emit(Event("bench_progress", att.index, pv.name, att.role, payload=ev))
+            state.emit(Event("bench_progress", att.index, pv.name, att.role, progress=ev))
 
         error: BenchError | None = None
         with self.stage("bench"):
@@ -257,7 +257,7 @@ class AttemptRun:
             att.note = f"bench could not run: {error}"
             return "bench"
         att.bench = result
-        state.emit(Event("bench", att.index, pv.name, att.role, payload=result))
+        state.emit(Event("bench", att.index, pv.name, att.role, bench=result))
         if not result.passed:
             att.note = (
                 f"bench: SLA search: no load met {settings.sla.describe()}"

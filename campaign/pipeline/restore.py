@@ -65,7 +65,9 @@ def restore(state: RunState, failed: Attempt) -> Restore:
     failed.restore = result
     state.report.restores.append(result.model_copy(update={"attempt": failed.index}))
     state.save()
-    state.emit(Event("restore_end", variant=result.variant, text=f"restore {result.outcome}: {result.detail}"))
+    state.emit(
+        Event("restore_end", variant=result.variant, text=f"restore {result.outcome}: {result.detail}", restore=result)
+    )
     return result
 
 

@@ -319,6 +319,9 @@ class Operations:
             # The stored records are masked; the launch script on the host knows the secrets to mask in the log.
             redact = Redactor.from_script(host.read_file(f"{att.remote_dir}/launch.sh").decode(errors="replace"))
             while True:
+                note = follower.reopened()
+                if note is not None:
+                    yield note
                 for _n, line in follower.poll():
                     yield redact(line)
                 if att.pgid is None or not control.alive(att.pgid):

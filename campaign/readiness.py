@@ -43,6 +43,8 @@ READ_CHUNK = 1 << 20
 POLL_BYTES = 8 << 20
 FLUSH_BYTES = 16 << 20
 MAX_LINE = 64 << 10
+#: The most of a server's log a run keeps (its head and tail past this): a 1 GiB log is not copied, nor held, whole.
+LOG_COPY_BYTES = 32 << 20
 #: Failed polls in a row that end a wait (a reconnect happens inside one poll, so a blip costs one or two).
 HOST_RETRIES = 3
 
@@ -64,6 +66,7 @@ class LogFollower:
         self._head = b""  # the first MAX_LINE / 2 bytes of an over-long unterminated line
         self._partial = b""  # the unterminated line (its tail, once it is over-long)
         self._cut = 0  # bytes dropped between the two
+        self._inode: int | None = None  # the file's inode when ``reopened`` last looked
 
     def _append(self, data: bytes) -> None:
         self._partial += data
@@ -86,6 +89,23 @@ class LogFollower:
         self.lines_seen += 1
         out.append((self.lines_seen, self._line()))
         self._head, self._partial, self._cut = b"", b"", 0
+
+    def reopened(self) -> str | None:
+        """A note when the file was replaced (rotated) or cut shorter than what was read; following then restarts
+        at its start. One host call: for ``campaign logs --follow``, not for every readiness poll."""
+        out = self.host.run(f"stat -c '%i %s' {q(self.path)} 2>/dev/null", timeout=10).stdout.split()
+        if len(out) != 2 or not all(x.isdigit() for x in out):
+            return None
+        inode, size = int(out[0]), int(out[1])
+        note = None
+        if self._inode is not None and inode != self._inode:
+            note = f"[campaign: {self.path} was replaced (rotated?); following the new file from its start]"
+        elif size < self.offset:
+            note = f"[campaign: {self.path} was cut to {size} bytes; following it from its start]"
+        self._inode = inode
+        if note is not None:
+            self.offset, self._head, self._partial, self._cut = 0, b"", b"", 0
+        return note
 
     def pending(self) -> str:
         """The unterminated last line read so far ("" when the log ends with a newline)."""
@@ -292,6 +312,19 @@ def wait_ready(
             if outcome is not None:
                 return outcome
         time.sleep(poll_s)
+
+
+def log_copy(host: Host, path: str, limit: int = LOG_COPY_BYTES) -> bytes:
+    """The log at ``path`` as the run keeps it: whole up to ``limit`` bytes, else its first and last ``limit / 2``
+    around a line saying how much was left out (a server that wrote a gigabyte is not copied, nor held, whole)."""
+    size = _size(host, path)
+    if size is None or size <= limit:
+        return host.read_file(path, limit=limit)
+    half = limit // 2
+    head = host.read_file(path, limit=half)
+    tail = host.read_file(path, offset=size - half, limit=half)
+    note = f"\n[... campaign kept the first and last {half >> 20} MiB; {size - 2 * half} bytes left out ...]\n"
+    return head + note.encode() + tail
 
 
 def _size(host: Host, path: str) -> int | None:

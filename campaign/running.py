@@ -65,6 +65,12 @@ class Running:
         return f"{self.variant}{exp} (run {self.run_id}, {where}, port {self.port})"
 
 
+def describe_stopped(running: Running) -> str:
+    """``v of experiment E on port 30001``: what a stop names (a run may stop another experiment's server)."""
+    exp = f" of experiment {running.experiment}" if running.experiment else ""
+    return f"{running.variant}{exp} on port {running.port}"
+
+
 def parse(raw: bytes | str, **extra: Any) -> Running | None:
     """The record in ``raw`` (JSON), or None when it is not one."""
     try:

@@ -1,4 +1,3 @@
-# Over 500 lines: one lifecycle (launch, liveness, stop, its verification) for group and Slurm-job launches.
 """A server's life on a host: render the launch script, upload it, start it detached, stop the tree it started.
 
 Lifecycle of one attempt, as ``ServerControl`` drives it::
@@ -19,7 +18,8 @@ Lifecycle of one attempt, as ``ServerControl`` drives it::
 On a Slurm host (``hosts/slurm.py``) the same steps go through the scheduler instead: launch submits launch.sh with
 ``sbatch`` (its output file is server.log), records the job at once, then waits for its node; alive means the job is
 active in ``squeue``; stop is ``scancel`` (matching the job's id and name), then the job must leave the queue and its
-port on the node stop answering. ``ServerControl.jobs`` is that switch; readiness, smoke and bench do not change.
+port on the node stop answering. The host gives that launcher: a host whose ``scheduler`` is set runs its servers
+through ``campaign/jobs.py`` (``ServerControl.jobs``); readiness, smoke and bench do not change.
 
 ``current.json`` in the host's state folder (``lock.host_state_dir``, the same for every workdir) records what runs
 now, so ``campaign status`` and the next run (from any laptop, for any experiment) know which tree to stop. Our
@@ -30,19 +30,18 @@ from __future__ import annotations
 
 import secrets
 import shlex
-import socket
 import time
 from dataclasses import replace
 
 from campaign.config import shell_word
 from campaign.errors import DirtyHost, HostError
 from campaign.hosts.base import Host
-from campaign.hosts.slurm import Job, SlurmHost
+from campaign.jobs import JobLauncher
 from campaign.lock import ensure_state_dir, host_state_dir
 from campaign.ownership import ensure_own_dirs
 from campaign.processes import TREE_VAR, PortHolders, Proc, port_holders, tree
 from campaign.records import LaunchSpec, StopReport
-from campaign.running import Running, environment, parse, recover
+from campaign.running import Running, describe_stopped, environment, parse, recover
 
 __all__ = ["Running", "ServerControl"]
 
@@ -54,8 +53,9 @@ class ServerControl:
 
     def __init__(self, host: Host, workdir: str, *, state_dir: str | None = None) -> None:
         self.host = host
-        #: On a Slurm host, servers are batch jobs: launch, liveness and stop go through the scheduler.
-        self.jobs = host if isinstance(host, SlurmHost) else None
+        #: On a host with a scheduler (Slurm), servers are its jobs: launch, liveness and stop go through the launcher
+        #: the host's scheduler gives (campaign/jobs.py); elsewhere they are process groups (setsid).
+        self.jobs = JobLauncher(host, host.scheduler, self.forget) if host.scheduler is not None else None
         self._workdir_raw = workdir
         self._workdir: str | None = None
         self.state_dir = state_dir or host_state_dir()
@@ -171,16 +171,10 @@ class ServerControl:
         marks = environment(running, self.user_state)
         self.host.write_file(script, self.launch_script(spec, remote_dir, header, token, marks).encode(), mode=0o700)
         if self.jobs is not None:
-            job_name = f"campaign-{run_id}-{attempt}"
-            job_id = self.jobs.submit(script, output=log, job_name=job_name, chdir=remote_dir)
-            running = replace(running, job_id=job_id, job_name=job_name)
-            # Recorded before the wait: a CLI that dies while the job is pending leaves a job `campaign stop` finds.
-            self._record(running)
-            running = self._await_node(running)
-            pid = self._read_pid(running)
+            running = self.jobs.submit(running, script, self._record)
         else:
             pid = self._start_group(script, remote_dir, log)
-        running = replace(running, pid=pid, pgid=pid)
+            running = replace(running, pid=pid, pgid=pid)
         self._record(running)
         return running
 
@@ -205,44 +199,6 @@ class ServerControl:
             )
         return int(pid_text)
 
-    def _await_node(self, running: Running) -> Running:
-        """Wait until the submitted job runs on a node (or has already ended); the record gains the node."""
-        assert self.jobs is not None
-        deadline = time.monotonic() + self.jobs.start_timeout_s
-        while True:
-            job = self._our_job(running)
-            if job is None or (job.state != "PENDING" and job.nodes):
-                break
-            if time.monotonic() >= deadline:
-                self.jobs.cancel(running.job_id, job_name=running.job_name)
-                self._wait_job_gone(running, 30.0, 0.2)
-                self.forget()
-                raise HostError(
-                    f"{self.host.name}: Slurm job {running.job_id} was still pending after "
-                    f"{self.jobs.start_timeout_s:g} s (cancelled)",
-                    hint="the partition is busy or the job asks for more than a node has (squeue, sinfo)",
-                )
-            time.sleep(0.2)
-        node = job.nodes if job is not None else ""
-        addr = self.jobs.node_address(node) if node else ""
-        if addr:
-            self.jobs.use_node(addr)
-        return replace(running, node=node, node_addr=addr)
-
-    def _read_pid(self, running: Running) -> int:
-        """The PID the launch script wrote on the node (0 when the job ended before it wrote one)."""
-        assert self.jobs is not None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            text = self.host.read_file(f"{running.remote_dir}/pid").decode(errors="replace").strip()
-            if text.isdigit():
-                return int(text)
-            found = self._our_job(running)
-            if found is None or not found.active:
-                return 0
-            time.sleep(0.1)
-        return 0
-
     # -- state ------------------------------------------------------------------------------------
 
     def current(self) -> Running | None:
@@ -260,7 +216,7 @@ class ServerControl:
             if running is None:
                 return None
         if self.jobs is not None and running.node_addr:
-            self.jobs.use_node(running.node_addr)
+            self.jobs.scheduler.use_node(running.node_addr)
         return running
 
     def forget(self) -> None:
@@ -273,20 +229,13 @@ class ServerControl:
         A Slurm job's processes live on its node: while the job is active they are listed where the login node
         sees them (a node that is this machine), else the job stands for them (the script's PID and the job's state).
         """
-        if running.job_id:
-            job = self._our_job(running)
+        if running.job_id and self.jobs is not None:
+            job = self.jobs.our_job(running)
             if job is None or not job.active:
                 return []
             seen = tree(self.host, running.token, running.pgid)
             return seen or [Proc(pid=running.pid, command=f"Slurm job {job.job_id} ({job.name}, {job.state})")]
         return tree(self.host, running.token, running.pgid)
-
-    def _our_job(self, running: Running) -> Job | None:
-        """The queue's entry for the job ``running`` records, when it is still the job we submitted (same name)."""
-        if self.jobs is None or not running.job_id:
-            return None
-        job = self.jobs.job(running.job_id)
-        return job if job is not None and job.name == running.job_name else None
 
     def found_running(self) -> str:
         """What campaign's record says runs on the box, checked against the process table (for messages)."""
@@ -319,8 +268,7 @@ class ServerControl:
                 target = cur
         if isinstance(target, Running):
             if target.job_id:
-                job = self._our_job(target)
-                return job is not None and job.active
+                return self.jobs is not None and self.jobs.alive(target)
             target = target.pgid
         return self.host.run(_group_cmd(target, "alive"), timeout=10).ok
 
@@ -370,8 +318,8 @@ class ServerControl:
             return StopReport(
                 stopped=False, clean=True, killed=False, seconds=0.0, detail="nothing recorded as running"
             )
-        if running.job_id:
-            return self._stop_job(running, grace_s=grace_s, poll_s=poll_s, t0=t0)
+        if running.job_id and self.jobs is not None:
+            return self.jobs.stop(running, grace_s=grace_s, poll_s=poll_s, t0=t0)
         members = self.tree(running)
         seen = {p.pid for p in members}
         killed = False
@@ -419,7 +367,7 @@ class ServerControl:
                 hint="inspect the host (ps, nvidia-smi) before running again",
             )
         self.forget()
-        what = _what(running)
+        what = describe_stopped(running)
         if not seen:
             detail = f"{what} had already exited"
         else:
@@ -435,68 +383,6 @@ class ServerControl:
             foreign=foreign,
         )
 
-    def _stop_job(self, running: Running, *, grace_s: float, poll_s: float, t0: float) -> StopReport:
-        """scancel the job (Slurm TERMs it, KILLs it after its KillWait), then verify it left and its port is free.
-
-        Only the job we submitted is cancelled: its id and its name must both match (scancel filters on the name
-        too), so an id the scheduler gave to someone else's job after a reset is left alone and reported.
-        """
-        assert self.jobs is not None
-        job = self.jobs.job(running.job_id)
-        foreign: str | None = None
-        if job is not None and job.name != running.job_name:
-            foreign = f"Slurm job {job.job_id} is now {job.name!r}, a job campaign did not submit (left alone)"
-            job = None
-        seen = job is not None
-        killed = False
-        if job is not None:
-            self.jobs.cancel(running.job_id, job_name=running.job_name)
-            job = self._wait_job_gone(running, grace_s + 5.0, poll_s)
-            if job is not None:
-                killed = True
-                self.jobs.cancel(running.job_id, job_name=running.job_name, signal="KILL")
-                job = self._wait_job_gone(running, 10.0, poll_s)
-        problems = []
-        if job is not None:
-            problems.append(f"Slurm job {job.job_id} is still {job.state} after scancel and SIGKILL")
-        addr = running.node_addr
-        deadline = time.monotonic() + 5.0
-        while addr and _answers(addr, running.port) and time.monotonic() < deadline:
-            time.sleep(poll_s)
-        if addr and _answers(addr, running.port):
-            problems.append(f"port {running.port} on {running.node} ({addr}) still answers after the job ended")
-        if problems:
-            raise DirtyHost(
-                f"{self.host.name}: stopping {running.variant} left the box dirty: " + "; ".join(problems),
-                hint="inspect the job and the node (squeue, scontrol show job, ss on the node) before running again",
-            )
-        self.forget()
-        if seen:
-            how = "SIGKILL after the grace period" if killed else "scancel"
-            detail = f"stopped {_what(running)} (Slurm job {running.job_id}, {how})"
-        else:
-            detail = f"{_what(running)} had already exited (Slurm job {running.job_id} left the queue)"
-        return StopReport(
-            stopped=seen,
-            clean=True,
-            killed=killed,
-            seconds=time.monotonic() - t0,
-            detail=detail,
-            pids=(running.pid,) if seen and running.pid else (),
-            foreign=foreign,
-        )
-
-    def _wait_job_gone(self, running: Running, seconds: float, poll_s: float) -> Job | None:
-        """Poll the queue until the job has left it (or ended); returns its entry if it is still there."""
-        deadline = time.monotonic() + seconds
-        while True:
-            job = self._our_job(running)
-            if job is None or (not job.active and job.state != "COMPLETING"):
-                return None
-            if time.monotonic() >= deadline:
-                return job
-            time.sleep(max(poll_s, 0.2))
-
     def _signal(self, running: Running, members: list[Proc], sig: str) -> None:
         """Send ``sig`` to the launch's group and to every member of its tree (those that left the group too)."""
         pids = " ".join(str(p.pid) for p in members if p.pid > 1)
@@ -506,21 +392,6 @@ class ServerControl:
         ours = running.pgid > 1 and running.pgid in {p.pid for p in members}
         group = f"kill -{sig} -{int(running.pgid)} 2>/dev/null; " if ours else ""
         self.host.run(f"{group}kill -{sig} {pids} 2>/dev/null; true", timeout=10)
-
-
-def _what(running: Running) -> str:
-    """``v of experiment E on port 30001``: what a stop names (a run may stop another experiment's server)."""
-    exp = f" of experiment {running.experiment}" if running.experiment else ""
-    return f"{running.variant}{exp} on port {running.port}"
-
-
-def _answers(addr: str, port: int) -> bool:
-    """True when a TCP connection to ``addr:port`` is accepted (a Slurm node's port, seen from here)."""
-    try:
-        with socket.create_connection((addr, int(port)), timeout=1.0):
-            return True
-    except OSError:
-        return False
 
 
 def _group_cmd(pgid: int, what: str) -> str:

@@ -1,4 +1,3 @@
-# Over 500 lines: the folders, their index and its healing from the folders are one store; the queries read both.
 """The run store: ``runs/<run-id>/`` folders plus an SQLite index of runs, attempts and known-good per host.
 
 Layout::
@@ -33,32 +32,11 @@ from pathlib import Path
 
 from campaign.errors import StoreError
 from campaign.records import FailureGroup, Final, Healing, LaunchSpec, RunReport, RunRow, SmokeResult
+from campaign.runindex import MIGRATE, SCHEMA, index_known_good, index_report
 
 #: A run id (or a prefix of one): the characters config.NAME_RE allows, so a reference never climbs out of the store.
 _RUN_REF = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 _KNOWN_GOODS = ".known-goods"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-  run_id TEXT PRIMARY KEY, experiment TEXT, host TEXT, recipe TEXT, started_at TEXT, ended_at TEXT,
-  status TEXT, attempts INTEGER, passed INTEGER, failed INTEGER, final_variant TEXT
-);
-CREATE TABLE IF NOT EXISTS attempts (
-  run_id TEXT, idx INTEGER, variant TEXT, role TEXT, outcome TEXT, failed_phase TEXT, kind TEXT,
-  fingerprint TEXT, ended_at TEXT, spec_hash TEXT, PRIMARY KEY (run_id, idx)
-);
-CREATE TABLE IF NOT EXISTS known_goods (
-  host TEXT, experiment TEXT, variant TEXT, spec_json TEXT, spec_hash TEXT, run_id TEXT, attempt INTEGER,
-  proven_at TEXT, PRIMARY KEY (host, experiment)
-);
-"""
-#: Stores made before known-goods were per experiment: their rows move over, with the experiment of their run.
-_MIGRATE = """
-INSERT OR IGNORE INTO known_goods
-  SELECT k.host, r.experiment, k.variant, k.spec_json, k.spec_hash, k.run_id, k.attempt, k.proven_at
-  FROM known_good k JOIN runs r ON r.run_id = k.run_id;
-DROP TABLE known_good;
-"""
 
 
 @dataclass(frozen=True)
@@ -117,10 +95,10 @@ class Store:
         con = sqlite3.connect(path, timeout=10)
         if fresh:
             os.chmod(path, 0o600)
-        con.executescript(_SCHEMA)
+        con.executescript(SCHEMA)
         if con.execute("SELECT 1 FROM sqlite_master WHERE name = 'known_good'").fetchone():
             with con:
-                con.executescript(_MIGRATE)
+                con.executescript(MIGRATE)
         return con
 
     def _db(self) -> sqlite3.Connection:
@@ -194,7 +172,7 @@ class Store:
                 except (OSError, ValueError):
                     healing.unreadable.append(folder.name)
                     continue
-                _index_report(con, report)
+                index_report(con, report)
                 healing.reports += 1
             kgs = []
             folder = self.root / _KNOWN_GOODS
@@ -205,7 +183,7 @@ class Store:
                     healing.unreadable.append(f"{_KNOWN_GOODS}/{raw.name}")
             for row in sorted(kgs, key=lambda r: str(r.get("proven_at", ""))):
                 try:
-                    _index_known_good(con, row)
+                    index_known_good(con, row)
                     healing.known_goods += 1
                 except (KeyError, TypeError, ValueError):
                     healing.unreadable.append(f"{_KNOWN_GOODS}: the record of run {row.get('run_id', '?')}")
@@ -269,7 +247,7 @@ class Store:
         _atomic_write(self.run_dir(report.run_id) / "report.json", report.model_dump_json(indent=2).encode())
         con = self._db()
         with con:
-            _index_report(con, report)
+            index_report(con, report)
         con.close()
 
     def resolve(self, ref: str) -> str:
@@ -433,7 +411,7 @@ class Store:
         _atomic_write(folder / name, json.dumps(row, indent=2).encode(), mode=0o600)
         con = self._db()
         with con:
-            _index_known_good(con, row)
+            index_known_good(con, row)
         con.close()
 
     # -- reconciling ------------------------------------------------------------------------------------
@@ -476,60 +454,6 @@ class Store:
             self.save_report(report)
             done.append(run_id)
         return done
-
-
-def _index_report(con: sqlite3.Connection, report: RunReport) -> None:
-    passed = sum(1 for a in report.attempts if a.outcome == "passed" and a.role != "restore")
-    failed = sum(1 for a in report.attempts if a.outcome == "failed" and a.role != "restore")
-    con.execute(
-        "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-        (
-            report.run_id,
-            report.experiment,
-            report.host,
-            report.recipe,
-            report.started_at,
-            report.ended_at,
-            report.status,
-            len(report.attempts),
-            passed,
-            failed,
-            report.final.variant,
-        ),
-    )
-    for a in report.attempts:
-        con.execute(
-            "INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (
-                report.run_id,
-                a.index,
-                a.variant,
-                a.role,
-                a.outcome,
-                a.failed_phase,
-                a.diagnosis.kind if a.diagnosis else None,
-                a.diagnosis.fingerprint if a.diagnosis and a.outcome == "failed" else None,
-                a.ended_at,
-                a.spec_hash,
-            ),
-        )
-
-
-def _index_known_good(con: sqlite3.Connection, row: dict[str, object]) -> None:
-    spec = LaunchSpec.model_validate(row["spec"])
-    con.execute(
-        "INSERT OR REPLACE INTO known_goods VALUES (?,?,?,?,?,?,?,?)",
-        (
-            row["host"],
-            row["experiment"],
-            row["variant"],
-            spec.model_dump_json(),
-            spec.spec_hash(),
-            row["run_id"],
-            row["attempt"],
-            row["proven_at"],
-        ),
-    )
 
 
 def _atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:

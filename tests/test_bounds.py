@@ -183,3 +183,40 @@ def test_an_alias_bomb_and_deep_nesting_are_config_errors_at_once(tmp_path: Path
         assert res.returncode == 2, res.stderr
         assert f"{path}" in res.stderr and what in res.stderr, res.stderr
         assert time.monotonic() - t0 < 30
+
+
+# -- N25: logs --follow and a rotated log ------------------------------------------------------------------------------
+
+
+def test_follow_says_when_the_log_is_rotated_and_follows_the_new_one(tmp_path: Path, runs: Path) -> None:
+    """N25: `logs --follow` on a log that is rotated (`mv server.log server.log.1`, a new server.log) says so and
+    shows the new file's lines (it went silent)."""
+    state = tmp_path / "state"
+    path = fault_experiment(tmp_path, "n25", at_end="last")
+    res = run_cli(state, runs, "run", str(path), "--variant", "v")
+    assert res.returncode == 0, res.stdout + res.stderr
+    att = variant_attempt(show(runs))
+    log = Path(att["remote_dir"]) / "server.log"
+    argv = ["logs", "last", "--attempt", str(att["index"]), "--follow"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "campaign.cli", "--runs-dir", str(runs), *argv],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=state_env(state),
+    )
+    try:
+        time.sleep(4)
+        with log.open("a") as f:
+            f.write("line-before-rotation\n")
+        time.sleep(2)
+        log.rename(log.with_name("server.log.1"))
+        log.write_text("line-after-rotation\n")
+        time.sleep(4)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    text = out.decode(errors="replace")
+    assert "line-before-rotation" in text and "line-after-rotation" in text, text
+    assert "was replaced (rotated?)" in text, text
+    assert run_cli(state, runs, "stop", str(path)).returncode == 0

@@ -37,12 +37,66 @@ class Result:
         return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+#: Job states in which the job's processes may run or are about to (squeue's long names).
+ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED"})
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as the scheduler shows it: id, name, state (long name) and node list (empty while pending)."""
+
+    job_id: str
+    name: str
+    state: str
+    nodes: str
+
+    @property
+    def active(self) -> bool:
+        """True while the job's processes may run (pending, starting, running, suspended)."""
+        return self.state in ACTIVE_STATES
+
+
+class Scheduler(Protocol):
+    """A batch scheduler a host runs servers through (Slurm): a server is a job, not a process group.
+
+    Its calls return values and never wait on a job; ``campaign/jobs.py`` decides when to submit, poll and cancel.
+    """
+
+    #: How long a submitted job may stay pending before the launch cancels it.
+    start_timeout_s: float
+
+    def submit(self, script: str, *, output: str, job_name: str, chdir: str) -> str:
+        """Submit ``script`` as a job; its id."""
+        ...
+
+    def job(self, job_id: str) -> Job | None:
+        """The queue's entry for ``job_id``, or None once it left the queue."""
+        ...
+
+    def cancel(self, job_id: str, *, job_name: str, signal: str | None = None) -> Result:
+        """Cancel the job with this id and name (signal it, with ``signal``)."""
+        ...
+
+    def node_address(self, node: str) -> str:
+        """The address that reaches ``node`` from here ("" when unknown)."""
+        ...
+
+    def use_node(self, addr: str) -> None:
+        """Make ``url`` reach ports on the node at ``addr``."""
+        ...
+
+
 @runtime_checkable
 class Host(Protocol):
     """A machine that campaign drives. Paths are absolute POSIX paths on that machine."""
 
     #: Short human name: ``local`` or ``user@host:port``; used in reports and the lock.
     name: str
+
+    @property
+    def scheduler(self) -> Scheduler | None:
+        """The host's batch scheduler when servers run as its jobs (Slurm); None: they run as process groups."""
+        ...
 
     def run(self, command: str, *, timeout: float = 30.0) -> Result:
         """Run a shell command string under ``/bin/sh -c`` and wait for it; stdin is /dev/null.

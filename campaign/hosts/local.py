@@ -15,7 +15,7 @@ import subprocess
 import threading
 
 from campaign.errors import HostError, HostTimeout
-from campaign.hosts.base import Result, short_command
+from campaign.hosts.base import Result, Scheduler, short_command
 
 #: After a timeout kill, how long to wait for the pipes to drain before giving up on them.
 _DRAIN_AFTER_KILL_S = 2.0
@@ -23,6 +23,9 @@ _DRAIN_AFTER_KILL_S = 2.0
 
 class LocalHost:
     """This machine: commands under ``/bin/sh -c`` in their own process group, files through the OS."""
+
+    #: Servers run as process groups here (no batch scheduler).
+    scheduler: Scheduler | None = None
 
     def __init__(self) -> None:
         self.name = "local"

@@ -15,31 +15,15 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
 
 from campaign.errors import HostError
-from campaign.hosts.base import Host, Result
+from campaign.hosts.base import ACTIVE_STATES, Host, Job, Result
+
+__all__ = ["ACTIVE_STATES", "Job", "SlurmHost"]
 
 q = shlex.quote
 
-#: Job states in which the job's processes may run or are about to (squeue's long names).
-ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED"})
 _JOB_ID = re.compile(r"^(\d+)(?:;[\w.-]+)?$")
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job as ``squeue`` shows it: id, name, state (long name) and node list (empty while pending)."""
-
-    job_id: str
-    name: str
-    state: str
-    nodes: str
-
-    @property
-    def active(self) -> bool:
-        """True while the job's processes may run (pending, starting, running, suspended)."""
-        return self.state in ACTIVE_STATES
 
 
 class SlurmHost:
@@ -95,6 +79,11 @@ class SlurmHost:
         """Close the login node's host. Idempotent."""
         self._closed = True
         self.login.close()
+
+    @property
+    def scheduler(self) -> SlurmHost:
+        """This host schedules its servers as jobs (``campaign/jobs.py`` launches them)."""
+        return self
 
     def use_node(self, addr: str) -> None:
         """Reach servers on ``addr`` from now on (the node the current job runs on)."""

@@ -52,6 +52,8 @@ class ScriptedHost:
     """The Host protocol over this machine's shell, with scripted faults and a log of every command."""
 
     name: str = "local"
+    #: Servers run as process groups (no batch scheduler), as on LocalHost.
+    scheduler: None = None
     faults: list[Fault] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     on_call: Callable[[str], None] | None = None

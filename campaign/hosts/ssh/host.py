@@ -9,7 +9,7 @@ from collections.abc import Callable
 import paramiko
 
 from campaign.errors import HostError, HostTimeout
-from campaign.hosts.base import Result, short_command
+from campaign.hosts.base import Result, Scheduler, short_command
 from campaign.hosts.ssh.connect import Connector, Link, lost, open_channel
 from campaign.hosts.ssh.files import RemoteFiles
 from campaign.hosts.ssh.forward import Forwarder
@@ -34,6 +34,9 @@ class SSHHost:
     (whether a command ran is then unknown, so it is not re-sent), except ``read_file``, which is safe to repeat
     and is retried once.
     """
+
+    #: Servers run as process groups there (no batch scheduler).
+    scheduler: Scheduler | None = None
 
     def __init__(
         self, link: Link, *, reopen_link: Callable[[float], Link] | None = None, connect_timeout: float = 10.0

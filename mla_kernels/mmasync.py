@@ -84,6 +84,84 @@ def _store_chunk(o, inv, C: gl.constexpr, heads, hmask, pid_b, pid_s, H, out_ptr
 
 
 @gluon.jit
+def load_q(q_ptr, pid_b, stride_qb, stride_qh, H, BLOCK_H: gl.constexpr, lat_layout: gl.constexpr,
+           rope_layout: gl.constexpr):  # fmt: skip
+    """Row ``pid_b``'s query heads (rows past H read zeros): (latent part [BLOCK_H, 512], rope part [BLOCK_H, 64])."""
+    heads = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, lat_layout))
+    hm = heads < H
+    q_row = q_ptr + pid_b * stride_qb + heads[:, None] * stride_qh
+    qn = gl.load(q_row + gl.arange(0, D_LATENT, layout=gl.SliceLayout(0, lat_layout))[None, :], mask=hm[:, None])
+    r_heads = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, rope_layout))
+    qr_row = q_ptr + pid_b * stride_qb + r_heads[:, None] * stride_qh + D_LATENT
+    qr = gl.load(qr_row + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rope_layout))[None, :],
+                 mask=(r_heads < H)[:, None])  # fmt: skip
+    return qn, qr
+
+
+@gluon.jit
+def start_state(BLOCK_H: gl.constexpr, mma: gl.constexpr):
+    """The online softmax's starting state: (max, sum, the four 128-column output accumulators)."""
+    m_i = gl.full([BLOCK_H], -1.0e30, gl.float32, layout=gl.SliceLayout(1, mma))
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, mma))
+    o0 = gl.zeros([BLOCK_H, 128], gl.float32, layout=mma)
+    o1 = gl.zeros([BLOCK_H, 128], gl.float32, layout=mma)
+    o2 = gl.zeros([BLOCK_H, 128], gl.float32, layout=mma)
+    o3 = gl.zeros([BLOCK_H, 128], gl.float32, layout=mma)
+    return m_i, l_i, o0, o1, o2, o3
+
+
+@gluon.jit
+def tile_step(qn_smem, qr_smem, kn, kr, idx, N, scale, m_i, l_i, o0, o1, o2, o3, BLOCK_H: gl.constexpr,
+              BLOCK_N: gl.constexpr, mma: gl.constexpr, dot_a: gl.constexpr, dot_b: gl.constexpr,
+              SPLIT_P: gl.constexpr):  # fmt: skip
+    """One landed bf16 tile (latent ``kn``, rope ``kr`` in shared memory): q·K, the online softmax, o += p·V.
+
+    Returns the new (m_i, l_i, o0, o1, o2, o3). The bf16 and FP8 kernels share it (the FP8 one dequantises first).
+    """
+    s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=mma)
+    for c in gl.static_range(D_LATENT // 64):
+        a = qn_smem.slice(c * 64, 64, dim=1).load(dot_a)
+        b = kn.slice(c * 64, 64, dim=1).permute((1, 0)).load(dot_b)
+        s = mma_v2(a, b, s)
+    s = mma_v2(qr_smem.load(dot_a), kr.permute((1, 0)).load(dot_b), s)
+    valid = (idx >= 0) & (idx < N)
+    s = gl.where(valid[None, :], s * scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    m_i = m_new
+    p_hi = p.to(gl.bfloat16)
+    p_lo = (p - p_hi.to(gl.float32)).to(gl.bfloat16)
+    p_hi = gl.convert_layout(p_hi, dot_a)
+    p_lo = gl.convert_layout(p_lo, dot_a)
+    o0 = _pv_chunk(p_hi, p_lo, kn, o0 * alpha[:, None], 0, dot_b, SPLIT_P)
+    o1 = _pv_chunk(p_hi, p_lo, kn, o1 * alpha[:, None], 1, dot_b, SPLIT_P)
+    o2 = _pv_chunk(p_hi, p_lo, kn, o2 * alpha[:, None], 2, dot_b, SPLIT_P)
+    o3 = _pv_chunk(p_hi, p_lo, kn, o3 * alpha[:, None], 3, dot_b, SPLIT_P)
+    return m_i, l_i, o0, o1, o2, o3
+
+
+@gluon.jit
+def finish(m_i, l_i, o0, o1, o2, o3, pid_b, pid_s, H, out_ptr, lse_ptr, part_ptr, plse_ptr, NUM_SPLITS: gl.constexpr,
+           DIRECT: gl.constexpr, BLOCK_H: gl.constexpr, mma: gl.constexpr):  # fmt: skip
+    """Normalise and store the output and lse: to out (DIRECT) or to this split's partial."""
+    ok = l_i > 0.0
+    inv = 1.0 / gl.where(ok, l_i, 1.0)
+    lse2 = gl.where(ok, m_i + gl.log2(gl.where(ok, l_i, 1.0)), float("-inf"))
+    o_heads = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, mma))
+    o_hm = o_heads < H
+    _store_chunk(o0, inv, 0, o_heads, o_hm, pid_b, pid_s, H, out_ptr, part_ptr, NUM_SPLITS, DIRECT, mma)
+    _store_chunk(o1, inv, 1, o_heads, o_hm, pid_b, pid_s, H, out_ptr, part_ptr, NUM_SPLITS, DIRECT, mma)
+    _store_chunk(o2, inv, 2, o_heads, o_hm, pid_b, pid_s, H, out_ptr, part_ptr, NUM_SPLITS, DIRECT, mma)
+    _store_chunk(o3, inv, 3, o_heads, o_hm, pid_b, pid_s, H, out_ptr, part_ptr, NUM_SPLITS, DIRECT, mma)
+    if DIRECT:
+        gl.store(lse_ptr + pid_b * H + o_heads, lse2 * 0.6931471805599453, mask=o_hm)
+    else:
+        gl.store(plse_ptr + (pid_b * H + o_heads) * NUM_SPLITS + pid_s, lse2, mask=o_hm)
+
+
+@gluon.jit
 def _mmasync_decode_kernel(
     q_ptr, kv_ptr, idx_ptr, out_ptr, lse_ptr, part_ptr, plse_ptr, scale_log2, H, N, K,
     stride_qb, stride_qh, stride_kv, stride_ib,
@@ -114,24 +192,12 @@ def _mmasync_decode_kernel(
     # The next gather's indices, loaded a tile ahead so the gather's issue does not wait on them.
     idx_next = tile_indices(idx_ptr, pid_b, stride_ib, end, first + (NUM_BUF - 1) * BLOCK_N, BLOCK_N, row_layout)
 
-    heads = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, lat_layout))
-    hm = heads < H
-    q_row = q_ptr + pid_b * stride_qb + heads[:, None] * stride_qh
-    qn = gl.load(q_row + gl.arange(0, D_LATENT, layout=gl.SliceLayout(0, lat_layout))[None, :], mask=hm[:, None])
-    r_heads = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, rope_layout))
-    qr_row = q_ptr + pid_b * stride_qb + r_heads[:, None] * stride_qh + D_LATENT
-    qr = gl.load(qr_row + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rope_layout))[None, :],
-                 mask=(r_heads < H)[:, None])  # fmt: skip
+    qn, qr = load_q(q_ptr, pid_b, stride_qb, stride_qh, H, BLOCK_H, lat_layout, rope_layout)
     qn_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_LATENT], sl, qn.to(gl.bfloat16))
     qr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_ROPE], sl, qr.to(gl.bfloat16))
 
     scale = scale_log2.to(gl.float32)
-    m_i = gl.full([BLOCK_H], -1.0e30, gl.float32, layout=gl.SliceLayout(1, mma))
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, mma))
-    o0 = gl.zeros([BLOCK_H, 128], gl.float32, layout=mma)
-    o1 = gl.zeros([BLOCK_H, 128], gl.float32, layout=mma)
-    o2 = gl.zeros([BLOCK_H, 128], gl.float32, layout=mma)
-    o3 = gl.zeros([BLOCK_H, 128], gl.float32, layout=mma)
+    m_i, l_i, o0, o1, o2, o3 = start_state(BLOCK_H, mma)
     s_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
     for t in range(TILES_PER_SPLIT):
         buf = t % NUM_BUF
@@ -145,42 +211,11 @@ def _mmasync_decode_kernel(
         cta_barrier()
         kn = kn_bufs.index(buf)
         kr = kr_bufs.index(buf)
-        s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=mma)
-        for c in gl.static_range(D_LATENT // 64):
-            a = qn_smem.slice(c * 64, 64, dim=1).load(dot_a)
-            b = kn.slice(c * 64, 64, dim=1).permute((1, 0)).load(dot_b)
-            s = mma_v2(a, b, s)
-        s = mma_v2(qr_smem.load(dot_a), kr.permute((1, 0)).load(dot_b), s)
-        valid = (idx >= 0) & (idx < N)
-        s = gl.where(valid[None, :], s * scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        p_hi = p.to(gl.bfloat16)
-        p_lo = (p - p_hi.to(gl.float32)).to(gl.bfloat16)
-        p_hi = gl.convert_layout(p_hi, dot_a)
-        p_lo = gl.convert_layout(p_lo, dot_a)
-        o0 = _pv_chunk(p_hi, p_lo, kn, o0 * alpha[:, None], 0, dot_b, SPLIT_P)
-        o1 = _pv_chunk(p_hi, p_lo, kn, o1 * alpha[:, None], 1, dot_b, SPLIT_P)
-        o2 = _pv_chunk(p_hi, p_lo, kn, o2 * alpha[:, None], 2, dot_b, SPLIT_P)
-        o3 = _pv_chunk(p_hi, p_lo, kn, o3 * alpha[:, None], 3, dot_b, SPLIT_P)
+        m_i, l_i, o0, o1, o2, o3 = tile_step(qn_smem, qr_smem, kn, kr, idx, N, scale, m_i, l_i, o0, o1, o2, o3,
+                                             BLOCK_H, BLOCK_N, mma, dot_a, dot_b, SPLIT_P)  # fmt: skip
     async_copy.wait_group(0)
-
-    ok = l_i > 0.0
-    inv = 1.0 / gl.where(ok, l_i, 1.0)
-    lse2 = gl.where(ok, m_i + gl.log2(gl.where(ok, l_i, 1.0)), float("-inf"))
-    o_heads = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, mma))
-    o_hm = o_heads < H
-    _store_chunk(o0, inv, 0, o_heads, o_hm, pid_b, pid_s, H, out_ptr, part_ptr, NUM_SPLITS, DIRECT, mma)
-    _store_chunk(o1, inv, 1, o_heads, o_hm, pid_b, pid_s, H, out_ptr, part_ptr, NUM_SPLITS, DIRECT, mma)
-    _store_chunk(o2, inv, 2, o_heads, o_hm, pid_b, pid_s, H, out_ptr, part_ptr, NUM_SPLITS, DIRECT, mma)
-    _store_chunk(o3, inv, 3, o_heads, o_hm, pid_b, pid_s, H, out_ptr, part_ptr, NUM_SPLITS, DIRECT, mma)
-    if DIRECT:
-        gl.store(lse_ptr + pid_b * H + o_heads, lse2 * 0.6931471805599453, mask=o_hm)
-    else:
-        gl.store(plse_ptr + (pid_b * H + o_heads) * NUM_SPLITS + pid_s, lse2, mask=o_hm)
+    finish(m_i, l_i, o0, o1, o2, o3, pid_b, pid_s, H, out_ptr, lse_ptr, part_ptr, plse_ptr, NUM_SPLITS, DIRECT,
+           BLOCK_H, mma)  # fmt: skip
 
 
 def plan(

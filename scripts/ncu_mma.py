@@ -3,6 +3,7 @@
     ncu --kernel-name regex:_mmasync_decode_kernel --launch-skip 3 --launch-count 1 --set full \
         python3 scripts/ncu_mma.py
     ncu --kernel-name regex:_warpgroup_decode_kernel ... python3 scripts/ncu_mma.py --heads 128
+    ncu --kernel-name regex:_mmasync_fp8_kernel ... python3 scripts/ncu_mma.py --batch 128 --fp8
 
 On Hopper the mma backend runs the Gluon kernels for these shapes (mla_kernels.mma.gluon_module); elsewhere, or with
 MLA_KERNELS_GLUON=0, the tl.dot kernel ``_mma_decode_kernel``.
@@ -25,10 +26,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="run the mma decode backend for Nsight Compute")
     parser.add_argument("--heads", type=int, default=16, help="query heads (128: the Gluon warpgroup kernel)")
     parser.add_argument("--batch", type=int, default=32, help="query rows")
+    parser.add_argument("--fp8", action="store_true", help="over the FP8 cache (mla_kernels.fp8cache)")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     case = decode_case(gen, b=args.batch, h=args.heads, d_qk=576, d_v=512, k=2048, n=1 << 20)
-    for _ in range(5):
+    if args.fp8:
+        from mla_kernels import fp8cache
+
+        cache = fp8cache.quantize(case.kv)
+        for _ in range(5):
+            fp8cache.decode(case.q, cache, case.indices, case.sm_scale, "mma")
+    for _ in range(0 if args.fp8 else 5):
         sparse_mla_decode(case.q, case.kv, case.indices, case.sm_scale, "mma")
     torch.cuda.synchronize()
 

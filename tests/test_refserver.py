@@ -325,7 +325,12 @@ def test_triton_backends_on_cpu_need_the_interpreter(tmp_path: Path) -> None:
 
 
 def test_bad_flags_and_a_missing_model_exit_2_without_a_traceback(tmp_path: Path) -> None:
-    bad = (["--attention-backend", "flash"], ["--mem-fraction-static", "3"], ["--model-path", "nope.st"])
+    bad = (
+        ["--attention-backend", "flash"],
+        ["--mem-fraction-static", "3"],
+        ["--model-path", "nope.st"],
+        ["--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "simt"],
+    )
     for args in (*bad, ["--inject-fault", "bit-flip"]):
         code, log = run_to_exit(tmp_path, [*CPU_ARGS, *args])
         assert code == 2 and "Traceback" not in log, log
@@ -351,17 +356,32 @@ def test_an_untrained_model_loads_and_answers_wrong(tmp_path: Path) -> None:
         stop_refserver(proc)
 
 
-def test_bfloat16_weights_and_pool_answer_and_say_so(tmp_path: Path) -> None:
-    # --dtype bfloat16 is what the MMA kernel's tensor cores take; the model must still answer exactly in it.
+@pytest.mark.parametrize(
+    ("args", "says", "not_says"),
+    [
+        # --dtype bfloat16 is what the MMA kernel's tensor cores take; the model must still answer exactly in it.
+        (["--dtype", "bfloat16"], ["dtype=torch.bfloat16"], "dtype=torch.float32"),
+        # DeepSeek-V3.2's FP8 rows (mla_kernels.fp8cache): prefill attends the fresh rows, decode the quantised pool.
+        (
+            ["--kv-cache-dtype", "fp8_e4m3"],
+            ["kv_cache_dtype=fp8_e4m3 (100 bytes a row)", "cuda_graph=False, kv_cache_dtype=fp8_e4m3"],
+            "kv_cache_dtype=auto",
+        ),
+    ],
+    ids=["bfloat16", "fp8-kv-cache"],
+)
+def test_a_narrower_pool_answers_the_smoke_exactly_and_says_so(
+    tmp_path: Path, args: list[str], says: list[str], not_says: str
+) -> None:
     log = tmp_path / "refserver.log"
     port = free_port()
-    proc = start_refserver([*CPU_ARGS, "--dtype", "bfloat16"], port=port, log_path=log)
+    proc = start_refserver([*CPU_ARGS, *args], port=port, log_path=log)
     try:
         wait_ready(proc, f"http://127.0.0.1:{port}", log)
         answers = {q: chat(f"http://127.0.0.1:{port}", q, max_tokens=8).json() for q in SMOKE}
         assert {q: a["choices"][0]["message"]["content"] for q, a in answers.items()} == SMOKE
         text = log.read_text()
-        assert "dtype=torch.bfloat16" in text and "dtype=torch.float32" not in text
+        assert all(s in text for s in says) and not_says not in text, text
     finally:
         stop_refserver(proc)
 

@@ -35,6 +35,7 @@ from campaign.refserver.log import logger
 from campaign.refserver.model import INDEXER_MODES, IndexPool, load_model
 from campaign.refserver.request import Request, Stats, TokenLogprob
 from campaign.refserver.tokenizer import EOS, PAD
+from mla_kernels import fp8cache
 
 WEIGHTS = Path(__file__).parent / "weights" / "arith.safetensors"
 #: The long-context model: the same arithmetic after thousands of tokens of filler, with a lightning indexer.
@@ -75,9 +76,12 @@ class EngineArgs:
     #: Weights and KV pool: ``auto`` keeps the weights file's dtype (fp32); ``bfloat16`` is what the MMA kernel's
     #: tensor cores take (with fp32 KV rows it multiplies in IEEE fp32 on CUDA cores).
     dtype: str = "auto"
+    #: KV pool rows: ``auto`` (the model's dtype) or ``fp8_e4m3`` (mla_kernels.fp8cache: DeepSeek-V3.2's layout).
+    kv_cache_dtype: str = "auto"
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
 
 class Engine:
@@ -103,7 +107,12 @@ class Engine:
             f"avail mem={memory_info(self.device)[0] / GB:.2f} GB"
         )
         cfg = self.cfg
-        bytes_per_token = cfg.n_layers * (cfg.d_qk + cfg.index_dim) * dtype.itemsize
+        if args.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype!r}: choose one of {', '.join(KV_CACHE_DTYPES)}")
+        # FP8 rows: bytes per row instead of values (ValueError for a latent the layout cannot tile).
+        fp8_row = fp8cache.row_bytes(cfg.d_latent, cfg.d_rope) if args.kv_cache_dtype == "fp8_e4m3" else None
+        row_bytes = fp8_row if fp8_row is not None else cfg.d_qk * dtype.itemsize
+        bytes_per_token = cfg.n_layers * (row_bytes + cfg.index_dim * dtype.itemsize)
         n_tokens = pool_tokens(
             self.device,
             bytes_per_token,
@@ -122,12 +131,20 @@ class Engine:
         self.index_topk = (args.index_topk or cfg.index_topk) if cfg.has_indexer else 0
         page = INDEX_PAGE if cfg.has_indexer else 1
         self.pool = KVPool(
-            cfg.n_layers, n_tokens, cfg.d_qk, dtype, self.device, page_size=page, index_dim=cfg.index_dim
+            cfg.n_layers,
+            n_tokens,
+            cfg.d_qk,
+            dtype,
+            self.device,
+            page_size=page,
+            index_dim=cfg.index_dim,
+            fp8_row_bytes=fp8_row,
         )
         index_note = f", indexer keys {cfg.index_dim}" if cfg.has_indexer else ""
+        fp8_note = f", kv_cache_dtype=fp8_e4m3 ({fp8_row} bytes a row)" if fp8_row is not None else ""
         logger.info(
             f"KV Cache is allocated. #tokens: {self.pool.n_tokens}, KV size: {self.pool.nbytes / GB:.4f} GB "
-            f"(latent {cfg.d_latent} + rope {cfg.d_rope}{index_note} per token per layer, page size {page})"
+            f"(latent {cfg.d_latent} + rope {cfg.d_rope}{index_note} per token per layer, page size {page}{fp8_note})"
         )
         logger.info(f"Memory pool end. avail mem={memory_info(self.device)[0] / GB:.2f} GB")
         check_fault(args.inject_fault)
@@ -164,7 +181,8 @@ class Engine:
         logger.info(
             f"max_total_num_tokens={self.pool.n_tokens}, max_running_requests={args.max_running_requests}, "
             f"context_len={self.context_len}, attention_backend={self.runner.backend}, "
-            f"torch_compile={self.runner.torch_compile}, cuda_graph={self.runner.cuda_graph}, indexer={indexer}"
+            f"torch_compile={self.runner.torch_compile}, cuda_graph={self.runner.cuda_graph}, "
+            f"kv_cache_dtype={args.kv_cache_dtype}, indexer={indexer}"
         )
         self.stats = Stats()
         self._waiting: deque[Request] = deque()

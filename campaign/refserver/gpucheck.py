@@ -1,6 +1,7 @@
 """The GPU check: every attention backend × torch.compile × CUDA graphs, against the torch/eager baseline.
 
-``python -m campaign.refserver.gpucheck [--json PATH] [--budget-s S] [--table-stride N] [--model-path P] [--dtype D]``
+``python -m campaign.refserver.gpucheck [--json PATH] [--budget-s S] [--table-stride N] [--model-path P] [--dtype D]
+[--kv-cache-dtype auto|fp8_e4m3]``
 
 For each combination it builds the server's engine exactly as ``python -m campaign.refserver`` does (weights, KV
 pool, compile, graph capture), runs the whole question table through the engine's own greedy decode path, counts
@@ -69,6 +70,12 @@ def attention_kernel(engine: Engine, backend: str) -> str | None:
     from mla_kernels.mma import kernel_name
 
     cfg, rows = engine.cfg, engine.pool.rows
+    if rows.dtype == torch.uint8:  # an FP8 pool: q keeps the model's dtype
+        from mla_kernels import fp8cache
+
+        dtype = next(engine.model.parameters()).dtype
+        q = torch.empty((1, cfg.n_heads, cfg.d_qk), dtype=dtype, device=rows.device)
+        return fp8cache.kernel_name(q, rows[0, :1], cfg.d_latent)
     q = torch.empty((1, cfg.n_heads, cfg.d_qk), dtype=rows.dtype, device=rows.device)
     return kernel_name(q, rows[0, :1], cfg.d_latent)
 
@@ -81,6 +88,7 @@ def check_one(
     graph: bool,
     prompts: list[list[int]],
     dtype: str = "auto",
+    kv_cache_dtype: str = "auto",
 ) -> tuple[dict[str, Any], list[list[int]] | None]:
     """Start one combination, run the table and the rates; returns its record and its outputs."""
     record: dict[str, Any] = {"backend": backend, "torch_compile": compile_, "cuda_graph": graph}
@@ -99,10 +107,12 @@ def check_one(
                 max_running_requests=TABLE_BATCH,
                 decode_log_interval=10**9,
                 dtype=dtype,
+                kv_cache_dtype=kv_cache_dtype,
             )
         )
         record["startup_s"] = round(time.monotonic() - began, 2)
-        record["dtype"] = str(engine.pool.rows.dtype).removeprefix("torch.")
+        record["dtype"] = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+        record["kv_cache_dtype"] = kv_cache_dtype
         kernel = attention_kernel(engine, backend)
         if kernel is not None:
             record["attention_kernel"] = kernel
@@ -137,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile combinations")
     dtypes = ["auto", "bfloat16", "float32"]
     p.add_argument("--dtype", choices=dtypes, default="auto", help="weights and KV pool (auto: the file's)")
+    kv_dtypes = ["auto", "fp8_e4m3"]
+    p.add_argument("--kv-cache-dtype", choices=kv_dtypes, default="auto", help="KV pool rows (fp8_e4m3: fp8cache)")
     args = p.parse_args(argv)
     backends = tuple(b for b in args.backends.split(",") if b)
     if not backends or backends[0] != "torch" or not set(backends) <= set(BACKENDS):
@@ -172,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                 {"backend": backend, "torch_compile": compile_, "cuda_graph": graph, "status": "not run (budget)"}
             )
             continue
-        record, outputs = check_one(args.model_path, args.device, backend, compile_, graph, prompts, args.dtype)
+        record, outputs = check_one(
+            args.model_path, args.device, backend, compile_, graph, prompts, args.dtype, args.kv_cache_dtype
+        )
         if outputs is not None:
             if baseline is None:
                 baseline = outputs  # combos() puts torch/eager first

@@ -68,8 +68,8 @@ def pool_tokens(
 
 
 class KVPool:
-    """``rows [n_layers, slots, d_qk]`` (and, paged, ``index_rows [n_layers, slots, index_dim]``), and a stack of
-    free pages."""
+    """``rows [n_layers, slots, d_qk]`` (uint8 ``[n_layers, slots, fp8_row_bytes]`` for an FP8 pool; and, paged,
+    ``index_rows [n_layers, slots, index_dim]``), and a stack of free pages."""
 
     def __init__(
         self,
@@ -81,13 +81,18 @@ class KVPool:
         *,
         page_size: int = 1,
         index_dim: int = 0,
+        fp8_row_bytes: int | None = None,
     ) -> None:
         self.page_size = page_size
         self.n_pages = n_tokens // page_size
         self.n_tokens = self.n_pages * page_size
         slots = self.n_tokens + (page_size if page_size > 1 else 1)
         # Never read before a request writes it, so it is not cleared (a large GPU pool allocates instantly).
-        self.rows = torch.empty(n_layers, slots, d_qk, dtype=dtype, device=device)
+        # An FP8 pool (mla_kernels.fp8cache) holds each row as its bytes; the indexer's keys keep ``dtype``.
+        if fp8_row_bytes is None:
+            self.rows = torch.empty(n_layers, slots, d_qk, dtype=dtype, device=device)
+        else:
+            self.rows = torch.empty(n_layers, slots, fp8_row_bytes, dtype=torch.uint8, device=device)
         self.index_rows = torch.empty(n_layers, slots, index_dim, dtype=dtype, device=device) if index_dim else None
         # The indexer's per-slot key scale: an fp8 cache would need one; these keys are stored as they are.
         self.k_scale = torch.ones(slots, dtype=torch.float32, device=device)

@@ -39,7 +39,13 @@ from campaign.refserver.tokenizer import VOCAB_SIZE
 # (campaign diagnosed it; see docs/gpu.md). A custom op with `mutates_args` is re-inplaced by Inductor.
 @torch.library.custom_op("refserver::write_kv", mutates_args=("pool",))
 def write_kv(pool: torch.Tensor, layer: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
-    """Write ``kv [n, d_qk]`` to ``pool[layer, slots]`` in place."""
+    """Write ``kv [n, d_qk]`` to ``pool[layer, slots]`` in place (quantised first when the pool holds FP8 rows)."""
+    if pool.dtype == torch.uint8:
+        from mla_kernels import fp8cache
+
+        d_v, _tiles = fp8cache.split_row(kv.shape[1], pool.shape[2])
+        pool[layer].index_copy_(0, slots, fp8cache.quantize(kv, d_v))
+        return
     pool[layer].index_copy_(0, slots, kv.to(pool.dtype))
 
 
@@ -347,7 +353,9 @@ class ArithModel(nn.Module):
                 iq, iw, ik = block.indexer.project(h)
                 write_kv(index.keys, layer, out_slots, ik)
                 selected = select_slots(index, layer, iq, iw, indices, lengths)
-            out, _lse = mla_decode_op(q.to(pool.dtype), pool[layer], selected, cfg.sm_scale, backend, cfg.d_latent)
+            # An FP8 pool (uint8 rows) takes q in the model's dtype; otherwise q is cast to the pool's.
+            q = q.to(x.dtype if pool.dtype == torch.uint8 else pool.dtype)
+            out, _lse = mla_decode_op(q, pool[layer], selected, cfg.sm_scale, backend, cfg.d_latent)
             out = apply_fault(fault, out)
             x = x + block.attn.wo(out.reshape(b, cfg.n_heads * cfg.d_latent).to(x.dtype))
             x = x + block.mlp(x)
@@ -381,7 +389,13 @@ def select_slots(
 def mla_decode_op(
     q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, backend: str, d_v: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``mla_kernels.sparse_mla_decode`` with ``backend``: (out ``[B, H, d_v]`` in q's dtype, lse ``[B, H]`` fp32)."""
+    """``mla_kernels.sparse_mla_decode`` with ``backend``: (out ``[B, H, d_v]`` in q's dtype, lse ``[B, H]`` fp32).
+
+    A uint8 ``kv`` holds FP8 rows: ``mla_kernels.fp8cache.decode`` reads them."""
+    if kv.dtype == torch.uint8:
+        from mla_kernels import fp8cache
+
+        return fp8cache.decode(q, kv, indices, sm_scale, backend, d_v=d_v)
     from mla_kernels import sparse_mla_decode
 
     out, lse = sparse_mla_decode(q, kv, indices, sm_scale, backend, d_v=d_v)

@@ -106,6 +106,13 @@ def parser() -> argparse.ArgumentParser:
         help="leave out POST /sleep, /wake_up and GET /is_sleeping (a server only a process checkpoint can park)",
     )
     p.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "fp8_e4m3"],
+        default="auto",
+        help="KV pool rows (as SGLang's flag): auto keeps --dtype; fp8_e4m3 stores DeepSeek-V3.2's FP8 layout (latent "
+        "e4m3 with one fp32 scale per 128 values, rope kept 16-bit) and decodes with backend torch or mma",
+    )
+    p.add_argument(
         "--inject-fault",
         choices=FAULTS,
         default=None,
@@ -142,7 +149,10 @@ def _warmup(server: uvicorn.Server, state: ServerState, host: str, port: int, fa
 
 def main(argv: list[str] | None = None) -> int:
     """Run the server until it is stopped; returns the process exit code."""
-    args = parser().parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
+    if args.kv_cache_dtype != "auto" and args.attention_backend == "simt":
+        cli.error(f"--kv-cache-dtype {args.kv_cache_dtype} decodes with --attention-backend torch or mma, not simt")
     from campaign.refserver.app import ServerState, build_app
     from campaign.refserver.engine_process import EngineProcess, EngineStartError
 
@@ -167,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "index_topk": args.index_topk,
         "index_topk_method": args.index_topk_method,
         "dtype": args.dtype,
+        "kv_cache_dtype": args.kv_cache_dtype,
     }
     try:
         engine = EngineProcess.start(engine_args)

@@ -124,15 +124,32 @@ def decode(
         return reference.decode(q, rows, idx, sm_scale, d_v)
     if backend != "mma":
         raise ValueError(f"the FP8 cache runs on backends torch and mma, not {backend!r}")
-    if q.device.type == "cuda":
-        from mla_kernels import mmasync_fp8
-
-        if mmasync_fp8.supports(q, cache, d_v):
-            return mmasync_fp8.decode(q, cache, indices, sm_scale, d_v)
+    kernel = fp8_kernel(q, cache, d_v)
+    if kernel is not None:
+        return kernel.decode(q, cache, indices, sm_scale, d_v)
     rows, idx = gather_dequantized(cache, indices, d_v, triton_kernel=True)
     from mla_kernels import mma
 
     return mma.decode(q, rows.to(q.dtype), idx, sm_scale, d_v)
+
+
+def fp8_kernel(q: torch.Tensor, cache: torch.Tensor, d_v: int) -> Any:
+    """The Gluon module that reads these FP8 rows itself, or None: routed as ``mma.gluon_module`` routes bf16.
+
+    Hopper only (the kernel was measured there; mma.sync would also run on sm_80 and Blackwell, untested), never
+    while torch.compile traces, never with MLA_KERNELS_GLUON=0.
+    """
+    from mla_kernels import mma
+
+    if q.device.type != "cuda" or torch.compiler.is_compiling() or not mma.gluon_enabled():
+        return None
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        return None
+    try:
+        from mla_kernels import mmasync_fp8
+    except ImportError:
+        return None
+    return mmasync_fp8 if mmasync_fp8.supports(q, cache, d_v) else None
 
 
 def kernel_name(q: torch.Tensor, cache: torch.Tensor, d_v: int) -> str:
@@ -142,11 +159,8 @@ def kernel_name(q: torch.Tensor, cache: torch.Tensor, d_v: int) -> str:
     """
     from mla_kernels import mma
 
-    if q.device.type == "cuda":
-        from mla_kernels import mmasync_fp8
-
-        if mmasync_fp8.supports(q, cache, d_v):
-            return "mmasync_fp8"
+    if fp8_kernel(q, cache, d_v) is not None:
+        return "mmasync_fp8"
     rows = torch.empty((1, q.shape[2]), dtype=q.dtype, device=q.device)
     return "dequant+" + mma.kernel_name(q, rows, d_v)
 

@@ -334,6 +334,11 @@ def plan(q: torch.Tensor, k: int, cfg: MmaConfig, num_splits: int | None = None)
 _GLUON = os.environ.get("MLA_KERNELS_GLUON", "1") != "0"
 
 
+def gluon_enabled() -> bool:
+    """Return whether the Gluon kernels may run at all (MLA_KERNELS_GLUON is not 0; read once, at import)."""
+    return _GLUON
+
+
 def gluon_module(q: torch.Tensor, kv: torch.Tensor, d_v: int) -> Any:
     """Return the Gluon kernel module ``decode`` without a config runs these inputs on, or None for the tl.dot kernels.
 

@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  H {r['H']:3d} B {r['B']:3d} {r['ours']:9s} / {r['theirs']:13s} {r['ours_over_theirs']:.2f}")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"environment": environment(True), "flashmla": loaded, "ceilings": ceil, "rows": rows,
+            env = environment(True) | {"command": "python scripts/bench_flashmla.py " + " ".join(sys.argv[1:])}
+            json.dump({"environment": env, "flashmla": loaded, "ceilings": ceil, "rows": rows,
                        "ratios": ratios, "fp8_layout": fp8cache.describe()}, handle, indent=1)  # fmt: skip
     return 0
 

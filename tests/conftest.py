@@ -53,7 +53,13 @@ INTEGRATION_MODULES = {
 
 
 #: Test modules that run in-process but take minutes on two CPU cores: the kernels in Triton's interpreter.
-SLOW_MODULES = {"test_kernels", "test_kernels_indexer", "test_kernels_mmasync", "test_kernels_warpgroup"}
+SLOW_MODULES = {
+    "test_kernels",
+    "test_kernels_fp8",
+    "test_kernels_indexer",
+    "test_kernels_mmasync",
+    "test_kernels_warpgroup",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -6,19 +6,27 @@ kernel) run; the Gluon FP8 kernel and the shapes at DeepSeek's full size are mar
 
 from __future__ import annotations
 
-import os
 import zlib
+from collections.abc import Iterator
 
 import pytest
 
+from tests.helpers import interpreted, triton_interpreter
+
 torch = pytest.importorskip("torch")
 # As tests/test_kernels.py: Triton fixes interpreted or compiled when the kernels are defined, at first import.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRET = not torch.cuda.is_available()
+with triton_interpreter(INTERPRET):
+    # fp8cache imports fp8gather and mma on first use: their kernels are defined here, interpreted without a GPU.
+    from mla_kernels import fp8cache, fp8gather, mma, reference  # noqa: F401
+    from mla_kernels.accuracy import compare
+    from mla_kernels.cases import decode_case
 
-from mla_kernels import fp8cache, reference  # noqa: E402
-from mla_kernels.accuracy import compare  # noqa: E402
-from mla_kernels.cases import decode_case  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter() -> Iterator[None]:
+    yield from interpreted(INTERPRET)
+
 
 needs_gpu = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8, reason="needs an sm_80+ GPU"

@@ -408,7 +408,6 @@ def test_doctor_on_a_read_only_store_is_a_clear_error(tmp_path: Path, runs: Path
 # -- N16b: a store error in the middle of a run ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: the pipeline's handling of a store error mid-run is not fixed yet")
 def test_an_index_locked_mid_run_releases_the_lock_and_leaves_no_unproven_variant(tmp_path: Path, runs: Path) -> None:
     """N16b: another process holds the run index (`BEGIN EXCLUSIVE`) from the moment the variant launches: the run
     ends with exit 3 (the box unproven: its record could not be written), the host lock is released, and the

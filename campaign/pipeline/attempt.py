@@ -24,7 +24,7 @@ from campaign.interruption import checkpoint
 from campaign.pipeline.events import Event
 from campaign.pipeline.state import RunState
 from campaign.profile import ProfileTarget, profile_level
-from campaign.readiness import Readiness, wait_ready
+from campaign.readiness import Readiness, log_copy, wait_ready
 from campaign.records import (
     Attempt,
     BenchEvent,
@@ -295,7 +295,7 @@ class AttemptRun:
     def keep_log(self, running: Running) -> bytes:
         """The server's log, secrets masked, copied into the run folder; returns the copy."""
         state, att = self.state, self.att
-        log = state.redact.bytes(state.host.read_file(running.log_path))
+        log = state.redact.bytes(log_copy(state.host, running.log_path))
         att.log_file = state.store.save_log(state.report.run_id, att.index, att.variant, log)
         return log
 

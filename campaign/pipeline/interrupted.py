@@ -13,6 +13,7 @@ from campaign.errors import CampaignError
 from campaign.interruption import Interrupted
 from campaign.pipeline.restore import relaunch
 from campaign.pipeline.state import RunState
+from campaign.readiness import log_copy
 from campaign.records import Final
 from campaign.store import now_iso
 
@@ -86,7 +87,7 @@ def close_in_flight(state: RunState, note: str, *, copy_log: bool = False) -> No
             if att.index in state.attempt_t0:
                 att.timings.attempt_s = round(time.monotonic() - state.attempt_t0[att.index], 3)
             if copy_log and att.remote_dir:
-                log = state.redact.bytes(state.host.read_file(f"{att.remote_dir}/server.log"))
+                log = state.redact.bytes(log_copy(state.host, f"{att.remote_dir}/server.log"))
                 att.log_file = state.store.save_log(state.report.run_id, att.index, att.variant, log)
 
 

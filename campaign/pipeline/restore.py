@@ -151,3 +151,22 @@ def restore_known_good(state: RunState) -> None:
     state.report.final = Final(
         variant=known.variant, spec_hash=known.spec_hash, healthy=ok, detail=None if ok else result.detail
     )
+
+
+def put_back_unrecorded(state: RunState, err: CampaignError) -> None:
+    """After a store error mid-run (a full disk, a locked index): the server under test is stopped and the
+    known-good relaunched and proven where that still works, so no unproven variant is left serving; the run still
+    ends unproven (its record is incomplete), and each step is a note."""
+    try:
+        known = state.store.known_good(state.host.name, state.exp.name)
+    except CampaignError:
+        known = None
+    try:
+        stop = state.control.stop(None, grace_s=state.exp.timeouts.stop_grace_s)
+        state.note(f"after the store error ({err}): {stop.detail}")
+        if known is not None:
+            restore = relaunch(state, known)
+            state.report.restores.append(restore)
+            state.note(f"after the store error: restore {restore.outcome}: {restore.detail}")
+    except CampaignError as again:
+        state.note(f"after the store error, the box could not be put back: {again}")

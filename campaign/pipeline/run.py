@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from campaign.config import Loaded
-from campaign.errors import BoxUnproven, CampaignError, DirtyHost, HostLost, RestoreFailed
+from campaign.errors import BoxUnproven, CampaignError, DirtyHost, HostLost, RestoreFailed, StoreError
 from campaign.hosts.base import Host
 from campaign.hosts.environment import probe_environment
 from campaign.interruption import Interrupted, LeaveNow, checkpoint
@@ -43,7 +43,7 @@ from campaign.pipeline.interrupted import close_in_flight, last_known, left_now,
 from campaign.pipeline.isolation import explain, isolate
 from campaign.pipeline.known import known_failure
 from campaign.pipeline.plan import Plan
-from campaign.pipeline.restore import after_failure, leave, prove, restore_known_good
+from campaign.pipeline.restore import after_failure, leave, prove, put_back_unrecorded, restore_known_good
 from campaign.pipeline.retries import attempt_with_retries
 from campaign.pipeline.rounds import relaunch_rounds
 from campaign.pipeline.state import RunState, Share
@@ -173,6 +173,8 @@ class Campaign:
                 report.final = Final(healthy=False, detail=str(e))
                 close_in_flight(state, f"cut short: {e}")
                 error = e
+                if isinstance(e, StoreError) and state.touched:
+                    put_back_unrecorded(state, e)
             finally:
                 intr.quiet()
                 report.ended_at = now_iso()
@@ -181,7 +183,13 @@ class Campaign:
                 explain(state)
                 for finding in report.attribution:
                     state.note(f"attribution: {finding.statement}")
-                state.save()
+                try:
+                    state.save()
+                except StoreError as e:
+                    # The record cannot be written (a full disk, a locked index): the lock is given back all the
+                    # same, and the run ends saying so (exit 3 once a server was launched: nobody proved the box).
+                    state.note(f"the run's record could not be written: {e}")
+                    error = error or e
                 # The lock is given back whenever the host can still be reached, after any other error too (a
                 # command that failed, a file that could not be read, one call that timed out). A host lost for
                 # good gets no more calls: each would wait out another reconnect budget. Its lock is stale once

@@ -272,6 +272,20 @@ class ServerControl:
             target = target.pgid
         return self.host.run(_group_cmd(target, "alive"), timeout=10).ok
 
+    def process_state(self, running: Running) -> str:
+        """The /proc state of the launch's processes, for a diagnosis: ``PID 12 T (stopped), PID 13 S (sleeping)``."""
+        names = {"R": "running", "S": "sleeping", "D": "in uninterruptible wait", "T": "stopped", "t": "traced"}
+        pids = " ".join(str(p.pid) for p in self.tree(running))
+        if not pids:
+            return "no process left"
+        cmd = (
+            f"for p in {pids}; do s=$(cat /proc/$p/stat 2>/dev/null) || continue; "
+            's=${s##*) }; echo "$p ${s%% *}"; done'
+        )
+        lines = self.host.run(cmd, timeout=10).stdout.splitlines()
+        found = [line.split() for line in lines if len(line.split()) == 2]
+        return ", ".join(f"PID {pid} {st} ({names.get(st, '?')})" for pid, st in found) or "unknown"
+
     def exit_code(self, remote_dir: str) -> int | None:
         """The exit status the launch script recorded (128+N for signal N), or None if it recorded none."""
         raw = self.host.read_file(f"{remote_dir}/exit_code").decode(errors="replace").strip()

@@ -221,3 +221,20 @@ def test_follow_says_when_the_log_is_rotated_and_follows_the_new_one(tmp_path: P
     assert "line-before-rotation" in text and "line-after-rotation" in text, text
     assert "was replaced (rotated?)" in text, text
     assert run_cli(state, runs, "stop", str(path)).returncode == 0
+
+
+# -- N4, N24: an unresponsive server ----------------------------------------------------------------------------------
+
+
+def test_a_server_that_never_answers_is_unresponsive_not_a_numerics_bug(tmp_path: Path, runs: Path) -> None:
+    """N4: /health answers 200 but completions never do: the variant is `unresponsive` with its process state (it was
+    `wrong_output`, "a numerics bug"), the box restored, exit 1."""
+    path = fault_experiment(tmp_path, "n4", mode="hang", smoke={"questions": 1, "seed": 1, "burst": False})
+    res = run_cli(
+        tmp_path / "state", runs, "run", str(path), "--set", "smoke.timeout_s=3", "--retry-known", timeout=300
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    att = variant_attempt(show(runs))
+    assert att["diagnosis"]["kind"] == "unresponsive", att["diagnosis"]
+    assert "process state: PID" in att["diagnosis"]["summary"] and "(sleeping)" in att["diagnosis"]["summary"]
+    assert show(runs)["final"]["healthy"]

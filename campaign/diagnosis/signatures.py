@@ -31,6 +31,7 @@ CODE_KINDS = (
     "model_load_error",
     "startup_timeout",
     "wrong_output",
+    "unresponsive",
     "config_not_applied",
     "below_gate",
     "bench_errors",

@@ -16,6 +16,7 @@ from typing import Literal
 from campaign.bench import run_bench
 from campaign.config import PlannedVariant
 from campaign.diagnose import diagnose
+from campaign.diagnosis.signatures import signatures
 from campaign.effective import verify
 from campaign.errors import BenchError
 from campaign.fingerprint import fingerprint
@@ -319,6 +320,23 @@ class AttemptRun:
             knobs=att.knobs,
             bench=att.bench,
         )
+        checks = att.smoke.checks if att.smoke is not None else []
+        if (
+            att.diagnosis.kind == "wrong_output"
+            and checks
+            and all(c.verdict == "error" and "Timeout" in (c.error or "") for c in checks)
+            and state.control.alive(running)
+        ):
+            # Alive and silent: not a numerics bug (nothing was computed). Its process state says how (stopped or not).
+            how = state.control.process_state(running)
+            kind = signatures().kinds["unresponsive"]
+            att.diagnosis = Diagnosis(
+                kind="unresponsive",
+                hint=kind.hint(self.pv.spec.recipe),
+                confidence=0.9,
+                summary=f"{kind.title}: every smoke question timed out; process state: {how}",
+            )
+            att.note = att.diagnosis.summary
         if att.note is None:
             att.note = att.diagnosis.summary
         state.control.stop(running, grace_s=state.exp.timeouts.stop_grace_s)

@@ -443,3 +443,24 @@ def test_an_index_locked_mid_run_releases_the_lock_and_leaves_no_unproven_varian
     assert not (state / "lock").exists(), text
     tokens = {tok for _pid, tok in ours_running(runs)}
     assert not any(tok.split(":")[1] == "1" for tok in tokens), (tokens, text)
+
+
+# -- N22b: a failing baseline with no known-good -----------------------------------------------------------------------
+
+
+def test_a_failing_baseline_with_no_known_good_leaves_the_box_clean_and_runs_the_rest(
+    tmp_path: Path, runs: Path
+) -> None:
+    """N22b: a new experiment whose baseline fails (it exits at once) and no known-good: the box is left clean, the
+    remaining variant still runs (and passes), exit 1 (it was exit 3, restore_failed, the variant dropped)."""
+    path = fault_experiment(tmp_path, "n22b", at_end="stop")
+    doc = yaml.safe_load(path.read_text())
+    doc["baseline"]["knobs"]["mode"] = "ready-then-die"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    res = run_cli(tmp_path / "state", runs, "run", str(path), "--retry-known")
+    assert res.returncode == 1, res.stdout + res.stderr
+    report = show(runs)
+    assert report["status"] == "failed"
+    outcomes = {a["variant"]: a["outcome"] for a in report["attempts"] if a["role"] == "variant"}
+    assert outcomes == {"baseline": "failed", "v": "passed"}, outcomes
+    assert ours_running(runs) == []

@@ -50,15 +50,18 @@ def restore(state: RunState, failed: Attempt) -> Restore:
     exp = state.exp
     known = state.known_good()
     if known is None:
+        # Nothing to put back: a box left clean is the known state (exit 1, the remaining variants still run); only
+        # a stop that leaves it dirty fails the restore (N22b: this ended the run with exit 3 on a clean box).
         try:
             state.control.stop(None, grace_s=exp.timeouts.stop_grace_s)
         except DirtyHost as e:
-            detail = str(e)
+            result = Restore(outcome="failed", detail=str(e))
         else:
-            detail = (
-                f"no known-good configuration of {exp.name} exists for this host yet; the failed server was stopped"
+            result = Restore(
+                outcome="not_needed",
+                detail=f"no known-good configuration of {exp.name} exists for this host yet; the failed server was "
+                "stopped and the box left clean",
             )
-        result = Restore(outcome="failed", detail=detail)
     else:
         state.emit(Event("restore_start", variant=known.variant, text=f"restoring {known.variant}"))
         result = relaunch(state, known)
@@ -130,6 +133,9 @@ def leave(state: RunState) -> None:
             state.note(f"at_end: bringing back the known-good {known.variant}")
             relaunch(state, known)
     current = control.current()
+    if current is None and known is None:
+        report.final = Final(healthy=True, detail=f"left clean: no known-good of {exp.name} yet, nothing is running")
+        return
     if current is None:
         report.final = Final(healthy=False, detail="nothing is running")
         return

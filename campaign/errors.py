@@ -15,6 +15,7 @@ one family and the CLI maps each branch to an exit code::
     ├── DirtyHost                      a stop could not make the box clean (group alive, port held, GPU memory held)
     ├── StoreError                     the run store is unreadable or a run id is unknown
     ├── BenchError                     a benchmark could not run at all (not: requests that failed; those are data)
+    ├── ParkError                      a server would not park or wake (the restore then relaunches it cold)
     ├── RestoreFailed                  exit 3: the known-good could not be relaunched and proven
     └── BoxUnproven                    exit 3: an error ended a run after a launch; nobody proved what runs now
 
@@ -105,6 +106,10 @@ class StoreError(CampaignError):
 
 class BenchError(CampaignError):
     """A benchmark could not be run at all (failed requests inside a run are data, not this)."""
+
+
+class ParkError(CampaignError):
+    """A server refused (or did not answer) a park or wake; the message says which call and the server's words."""
 
 
 class RestoreFailed(CampaignError):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from campaign.config.fields import Strict, regex, version_key
 from campaign.config.parser import parse_yaml, validate
@@ -88,6 +89,40 @@ class HelpSpec(Strict):
     version: list[str] | None = None
 
 
+class ParkCall(Strict):
+    """One HTTP call of a server's sleep mode: method, path (a query string allowed) and JSON body."""
+
+    path: str
+    method: Literal["POST", "GET"] = "POST"
+    body: dict[str, Any] | None = None
+
+
+class Parking(Strict):
+    """A recipe's ``park:`` block: how its server parks (frees the GPU, the process kept alive) and wakes.
+
+    ``via: endpoints`` calls the server's own sleep mode (vLLM's ``POST /sleep?level=1`` and ``/wake_up``, SGLang's
+    ``/release_memory_occupation`` and ``/resume_memory_occupation``, the reference server's vLLM-shaped routes);
+    ``is_sleeping`` is the GET path that answers ``{"is_sleeping": bool}``, where the server has one.
+    ``via: cuda_checkpoint`` parks a server without such endpoints through NVIDIA's ``cuda-checkpoint --toggle``
+    on each process of its group that holds GPU memory (the driver moves that memory to host memory and back).
+    ``launch_args`` and ``launch_env`` are what a launch needs for parking to work later (vLLM's
+    ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1``, SGLang's ``--enable-memory-saver``).
+    """
+
+    via: Literal["endpoints", "cuda_checkpoint"] = "endpoints"
+    sleep: ParkCall | None = None
+    wake: ParkCall | None = None
+    is_sleeping: str | None = None
+    launch_args: list[str] = Field(default_factory=list)
+    launch_env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _calls(self) -> Parking:
+        if self.via == "endpoints" and (self.sleep is None or self.wake is None):
+            raise ValueError("park via endpoints needs both sleep and wake")
+        return self
+
+
 class Recipe(Strict):
     """How one server family is launched and watched (a data file in campaign/recipes/)."""
 
@@ -110,6 +145,8 @@ class Recipe(Strict):
     together: list[Together] = Field(default_factory=list)
     #: The server's profiler endpoints (``campaign.profile``); None: the recipe cannot be profiled.
     profile: ProfileEndpoints | None = None
+    #: How the server parks and wakes (``campaign.parking``); None: it cannot be parked, only stopped.
+    park: Parking | None = None
 
     @field_validator("ready_marker")
     @classmethod

@@ -57,20 +57,26 @@ def memory(host: Host, pids: list[int]) -> Memory:
     values = [int(v) for v in res.stdout.split() if v.isdigit()]
     if values:
         rss = sum(values) * 1024
-    gpu = None
+    held = gpu_by_pid(host)
+    gpu = None if held is None else sum(held.get(p, 0) for p in pids)
+    return Memory(rss_bytes=rss, gpu_bytes=gpu)
+
+
+def gpu_by_pid(host: Host) -> dict[int, int] | None:
+    """GPU memory (bytes) per process holding some, per nvidia-smi; None on a host without it."""
     smi = host.run(
         "command -v nvidia-smi >/dev/null 2>&1 || exit 3; "
         "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits",
         timeout=30,
     )
-    if smi.exit_code == 0:
-        gpu = 0
-        wanted = set(pids)
-        for line in smi.stdout.splitlines():
-            parts = [p.strip() for p in line.split(",")]
-            if len(parts) == 2 and parts[0].isdigit() and int(parts[0]) in wanted and parts[1].isdigit():
-                gpu += int(parts[1]) << 20  # MiB
-    return Memory(rss_bytes=rss, gpu_bytes=gpu)
+    if smi.exit_code != 0:
+        return None
+    held: dict[int, int] = {}
+    for line in smi.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            held[int(parts[0])] = held.get(int(parts[0]), 0) + (int(parts[1]) << 20)  # MiB
+    return held
 
 
 def _call(host: Host, port: int, call: ParkCall, what: str) -> dict[str, object] | None:
@@ -99,7 +105,10 @@ def _toggle(host: Host, pids: list[int], what: str) -> None:
 
 
 def park(host: Host, port: int, spec: Parking, pids: list[int], *, gpu_pids: list[int] | None = None) -> Parked:
-    """Park the server on ``port`` (its processes ``pids``); raises ``ParkError`` when it does not park."""
+    """Park the server on ``port`` (its processes ``pids``); raises ``ParkError`` when it does not park.
+
+    ``gpu_pids``: the processes a checkpoint toggles (default: those of ``pids`` that nvidia-smi says hold memory).
+    """
     return _act(host, port, spec, pids, gpu_pids, "park")
 
 
@@ -117,7 +126,10 @@ def _act(host: Host, port: int, spec: Parking, pids: list[int], gpu_pids: list[i
         assert call is not None  # the recipe's validator requires both
         answer = _call(host, port, call, action)
     else:
-        _toggle(host, gpu_pids if gpu_pids is not None else pids, action)
+        if gpu_pids is None:  # only a process with a CUDA context can be checkpointed (not the HTTP front end)
+            held = gpu_by_pid(host) or {}
+            gpu_pids = [p for p in pids if p in held]
+        _toggle(host, gpu_pids, action)
     seconds = time.monotonic() - began
     return Parked(action, seconds, before, memory(host, pids), answer)
 

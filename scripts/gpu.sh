@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the H200 machine: install the carried wheels, then run the GPU checks and benchmarks.
-# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [kernels-quick] [kernels-bench] [longctx-model] [diagnose] [tune] [refserver] [train] [loop] [sla] [indexer] [ssh] [probe] [profile] [warpgroup] [gather] [mmasync] [split]
+# Usage (on the device, from the repository root): bash scripts/gpu.sh [kernels] [kernels-quick] [kernels-bench] [longctx-model] [diagnose] [tune] [refserver] [train] [loop] [sla] [indexer] [ssh] [probe] [profile] [warpgroup] [gather] [mmasync] [split] [wake]
 # Results go under $OUT (or ./gpu-out when OUT is unset). Carry `.whl` (built by scripts/build_wheels.sh) with the call,
 # and `.deb` (scripts/build_debs.sh) for the `ssh` section.
 set -uo pipefail
@@ -163,7 +163,21 @@ PY
                       --set full python3 scripts/ncu_mma.py --heads "$heads" \
                       --batch "${PROFILE_BATCH:-32}" >"$OUT/ncu.txt" 2>&1 || rc=1
                     tail -150 "$OUT/ncu.txt"; fi ;;
-    *) echo "unknown section: $s (kernels, kernels-quick, kernels-bench, longctx-model, diagnose, tune, refserver, train, loop, sla, indexer, ssh, probe, profile, warpgroup, gather, mmasync, split)"; rc=2 ;;
+    # wake (issue 30): the compiled mma server (bf16, CUDA graphs) cold-started, parked by its sleep route while a
+    # faulty variant runs on another port, then woken and proven by log-probabilities (scripts/bench_wake.py): cold
+    # start against restore, and the GPU memory in use ready / parked / while the variant runs / woken. Then the same
+    # server with its sleep routes off, parked by `cuda-checkpoint --toggle` (the generic path), where the tool is.
+    wake)      timeout 420 python3 scripts/bench_wake.py --rounds "${WAKE_ROUNDS:-3}" --workdir /tmp/bench-wake \
+                 --json "$OUT/wake.json" -- --device cuda --attention-backend mma --dtype bfloat16 \
+                 --enable-torch-compile 2>&1 | grep -v '^\[' | tee "$OUT/wake.txt" || rc=1
+               if command -v cuda-checkpoint >/dev/null 2>&1; then
+                 timeout 150 python3 scripts/bench_wake.py --rounds 1 --via cuda_checkpoint --workdir /tmp/bench-wake-ckpt \
+                   --json "$OUT/wake-ckpt.json" -- --device cuda --attention-backend mma --dtype bfloat16 2>&1 \
+                   | grep -v '^\[' | tee "$OUT/wake-ckpt.txt" || rc=1
+               else echo "no cuda-checkpoint on this machine: the checkpoint path is unmeasured" | tee "$OUT/wake-ckpt.txt"; fi
+               for f in /tmp/bench-wake/*.log; do cp "$f" "$OUT/wake-$(basename "$f")"; done
+               for f in /tmp/bench-wake-ckpt/*.log; do [ -e "$f" ] && cp "$f" "$OUT/wake-ckpt-$(basename "$f")"; done ;;
+    *) echo "unknown section: $s (kernels, kernels-quick, kernels-bench, longctx-model, diagnose, tune, refserver, train, loop, sla, indexer, ssh, probe, profile, warpgroup, gather, mmasync, split, wake)"; rc=2 ;;
   esac
 done
 exit $rc

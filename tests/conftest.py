@@ -36,6 +36,7 @@ INTEGRATION_MODULES = {
     "test_kernels_bench",
     "test_kernels_sass",
     "test_longrun",
+    "test_parking",
     "test_loop",
     "test_profile",
     "test_refserver",

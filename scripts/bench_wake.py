@@ -11,7 +11,9 @@ Each round, on this machine:
 4. **wake restore**: the known-good is woken, ready again (/health 200) and proven: every proof answer right and
    its log-probabilities equal to those recorded at step 1.
 
-``restore_s`` is stop + wake + ready + prove; ``ratio`` is ``restore_s`` over the cold start's launch to ready. The
+``restore_s`` is stop + wake + ready + prove; ``ratio`` is ``restore_s`` over the cold start's launch to ready,
+``ratio_to_relaunch`` over what a relaunch restore costs (stop + cold start + the same proof), ``wake_ready_ratio``
+the wake and readiness alone over the cold start. The
 GPU run (``scripts/gpu.sh wake``) adds the server's flags after ``--``; ``--via cuda_checkpoint`` parks a server
 started with ``--disable-sleep-mode`` through ``cuda-checkpoint --toggle`` instead of its routes.
 
@@ -179,6 +181,10 @@ def one_round(server_args: list[str], spec: Parking, workdir: Path) -> dict[str,
         row["proven"] = right and again == proven
         row["restore_s"] = row["stop_s"] + (time.monotonic() - t)
         row["ratio"] = row["restore_s"] / row["cold_ready_s"]
+        # Against a relaunch, which pays the same stop and proof around a cold start; and the wake alone.
+        row["relaunch_s"] = row["stop_s"] + row["cold_ready_s"] + row["cold_prove_s"]
+        row["ratio_to_relaunch"] = row["restore_s"] / row["relaunch_s"]
+        row["wake_ready_ratio"] = (row["wake_s"] + row["ready_s"]) / row["cold_ready_s"]
     finally:
         stop(known)
     return row
@@ -209,7 +215,20 @@ def main() -> int:
             f"prove {row['prove_s']:.3f}); ratio {row['ratio']:.3f}; proven {row['proven']}",
             flush=True,
         )
-    keys = ["cold_ready_s", "park_s", "stop_s", "wake_s", "ready_s", "prove_s", "restore_s", "ratio"]
+    keys = [
+        "cold_ready_s",
+        "cold_prove_s",
+        "park_s",
+        "stop_s",
+        "wake_s",
+        "ready_s",
+        "prove_s",
+        "restore_s",
+        "ratio",
+        "relaunch_s",
+        "ratio_to_relaunch",
+        "wake_ready_ratio",
+    ]
     medians = {k: statistics.median(r[k] for r in rounds) for k in keys}
     print(f"\n{'median of ' + str(len(rounds)) + ' rounds':<24}{'value':>10}")
     for k in keys:

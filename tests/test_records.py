@@ -41,7 +41,7 @@ REPORT_ADDED: dict[str, Any] = {
 #: the host of an attempt (fleets).
 LONGRUN_ATTEMPT_ADDED: dict[str, Any] = {"retry_of": None, "known_failure": None, "profile": None, "host": None}
 TIMINGS_ADDED: dict[str, Any] = {"attempt_s": None}
-RESTORE_ADDED: dict[str, Any] = {"ready_s": None, "cold_start_ready_s": None}
+RESTORE_ADDED: dict[str, Any] = {"ready_s": None, "cold_start_ready_s": None, "mode": None, "phases": {}}
 SMOKE_CHECK_ADDED: dict[str, Any] = {
     "reasoning": None,
     "verdict": None,

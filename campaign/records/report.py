@@ -204,7 +204,7 @@ class GateResult(BaseModel):
 
 
 class Restore(BaseModel):
-    """What happened after a failure: the known-good relaunched and proven, or not."""
+    """What happened after a failure: the known-good relaunched (or woken) and proven, or not."""
 
     outcome: Literal["not_needed", "restored", "failed"] = "not_needed"
     variant: str | None = None
@@ -214,6 +214,11 @@ class Restore(BaseModel):
     #: Launch to ready of this restore, and of the cold start that first proved the known-good (what it saved).
     ready_s: float | None = None
     cold_start_ready_s: float | None = None
+    #: How the known-good came back: ``relaunch`` (a cold start of its spec) or ``wake`` (a parked server woken,
+    #: ``campaign.parking``); None in reports written before restores said so, and when nothing came back.
+    mode: Literal["wake", "relaunch"] | None = None
+    #: The restore's parts in seconds, in order (a relaunch: ``stop_s``, ``launch_to_ready_s``, ``smoke_s``).
+    phases: dict[str, float | None] = Field(default_factory=dict)
 
 
 class Attempt(BaseModel):

@@ -54,6 +54,7 @@ FLOORS: dict[str, int] = {
     "processes": 5,
     "flags": 5,
     "profile": 5,
+    "parking": 5,
     "lock": 6,
     "jobs": 6,
     "effective": 6,

@@ -10,6 +10,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from rich.console import Console
+
+from campaign.console.run import render_report
 from campaign.errors import CampaignError
 from campaign.outcome import exit_code
 from tests.fixtures.refserver import free_port
@@ -29,6 +32,19 @@ def test_a_failed_variant_is_diagnosed_and_the_known_good_proven_again(tmp_path:
     report = run(path, tmp_path / "runs")
     assert _tried(report)[:2] == [("baseline", "variant", "passed", None), ("oom", "variant", "failed", "gpu_oom")]
     assert [r.outcome for r in report.restores] == ["restored"] and report.restores[0].variant == "baseline"
+    # The report says how it came back (a relaunch: nothing was parked) and what that took, part by part.
+    (restore,) = report.restores
+    (again,) = [a for a in report.attempts if a.role == "restore"]
+    assert restore.mode == "relaunch"
+    assert restore.phases == {
+        "stop_s": again.timings.stop_s,
+        "launch_to_ready_s": again.timings.launch_to_ready_s,
+        "smoke_s": again.timings.smoke_s,
+    }
+    assert all(v is not None and v >= 0 for v in restore.phases.values())
+    shown = Console(record=True, width=300)
+    render_report(shown, report)
+    assert f"restore after #{restore.attempt} by relaunch: ready in" in shown.export_text()
     assert report.status == "failed" and exit_code(report) == 1
     assert report.final.healthy and report.final.variant == "baseline"
     # The build that ran is in the report: the commit campaign ran from (git's own answer), and the version naming it.
@@ -48,6 +64,7 @@ def test_a_restore_that_fails_leaves_the_run_unproven_exit_3(tmp_path: Path) -> 
         ("baseline", "restore", "failed", "gpu_oom"),
     ]
     assert report.status == "restore_failed" and exit_code(report) == 3
+    assert [r.mode for r in report.restores] == ["relaunch"]  # tried as a relaunch, and failed
     assert not report.final.healthy and "did not come back" in (report.final.detail or "")
 
 

@@ -391,9 +391,12 @@ def _render_long_run(console: Console, report: RunReport) -> None:
             console.print(f"  #{a.index} {escape(a.variant)}: [yellow]skipped[/], {escape(a.note or a.known_failure)}")
     for rs in report.restores:
         if rs.ready_s is not None and rs.cold_start_ready_s is not None:
+            how = f" by {rs.mode}" if rs.mode else ""  # reports from before restores said how have no mode
+            parts = ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in rs.phases.items() if v is not None)
             console.print(
-                f"  restore after #{rs.attempt}: ready in {rs.ready_s:.1f} s against a cold start of "
+                f"  restore after #{rs.attempt}{how}: ready in {rs.ready_s:.1f} s against a cold start of "
                 f"{rs.cold_start_ready_s:.1f} s ({rs.ready_s / max(rs.cold_start_ready_s, 1e-9):.2f}x)"
+                + (f" ({escape(parts)})" if parts else "")
             )
     for r in report.resumes:
         console.print(

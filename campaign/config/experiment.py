@@ -113,6 +113,9 @@ class Experiment(Strict):
     #: How long the whole campaign may take from its start (seconds, or ``30m``, ``2h``): a variant whose estimated
     #: cost would pass it is not started, and the run ends cleanly (``at_end`` applies). None: no limit.
     deadline: float | None = None
+    #: What a planned flag the server's parser refuses does: ``refuse`` the plan (exit 2, before anything is stopped)
+    #: or ``warn`` (a note, and the server gets the flag as written).
+    flag_check: Literal["refuse", "warn"] = "refuse"
 
     @field_validator("deadline", mode="before")
     @classmethod

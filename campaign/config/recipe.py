@@ -75,6 +75,13 @@ class Together(Strict):
     args: list[str]
 
 
+class ParserSource(Strict):
+    """Which Python builds the server's parser on the host, and which server's parser it builds."""
+
+    python: str
+    kind: Literal["vllm", "sglang"]
+
+
 class HelpSpec(Strict):
     """How to read the server's own flag list: the command that prints ``--help``, and where flags start.
 
@@ -87,6 +94,10 @@ class HelpSpec(Strict):
     #: The command whose last output line is the build's version for the help cache (default: the
     #: ``server_version`` probe); a server whose flags change without a release says more than its version here.
     version: list[str] | None = None
+    #: The server's own argparse parser, dumped on the host by ``campaign/parser_dump.py`` run with the engine's
+    #: Python (``python``, a template like ``command``) for ``kind`` (``vllm`` or ``sglang``): flags are checked
+    #: against it (aliases, abbreviations, types, choices), and against the help text only when it cannot load.
+    parser: ParserSource | None = None
 
 
 class ParkCall(Strict):

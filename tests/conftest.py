@@ -50,6 +50,7 @@ INTEGRATION_MODULES = {
     "test_ssh_forward_streams",
     "test_ssh_reach",
     "test_transformers_serve",
+    "test_vllm_cpu",
 }
 
 

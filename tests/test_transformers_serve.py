@@ -23,7 +23,6 @@ import yaml
 from campaign.config import Experiment, load_recipe, plan
 from campaign.flags import ServerHelp, check_plan, parse_help
 from campaign.refserver.hf_export import CHECKPOINT
-from tests.fixtures.cli import campaign
 from tests.fixtures.refserver import free_port
 from tests.helpers import run_cli as campaign
 

@@ -20,8 +20,8 @@ import yaml
 
 from campaign import argspec
 from campaign.refserver.hf_export import CHECKPOINT
-from tests.fixtures.cli import campaign
 from tests.fixtures.refserver import free_port
+from tests.helpers import run_cli as campaign
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"

@@ -28,6 +28,7 @@ known-good; ``status`` and ``stop`` answer for every host). docs/long-campaigns.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import threading
 from collections.abc import Sequence
 
@@ -159,18 +160,16 @@ class Fleet:
         with Interruption() as intr:
             for t in threads:
                 t.start()
-            # The hosts' own "done" events, not Thread.join/is_alive: when a signal handler raises inside join(),
-            # CPython 3.11-3.12 (its bpo-45274 handling) marks the thread as stopped although it still runs, and
-            # the run would end and close the hosts under a host that is still restoring its baseline.
+            # The handler only records a signal (campaign.interruption): this loop hands each one to every host's
+            # loop, whose next checkpoint raises it in that host's thread. The wait wakes at once on a signal.
+            handed = 0
             while not all(d.is_set() for d in done):
-                try:
-                    for d in done:
-                        d.wait(_JOIN_S)
-                    intr.checkpoint()  # a signal whose exception was lost on its way (campaign.interruption)
-                except Interrupted as e:
-                    intr.caught(e)
+                intr.wait(_JOIN_S)
+                while handed < intr.count:
+                    handed += 1
+                    signum = intr.first if handed == 1 else intr.last
                     for camp in self.parts:
-                        camp.interrupt(e.signum)
+                        camp.interrupt(signum or signal.SIGINT)
             intr.quiet()
         for t in threads:
             t.join()

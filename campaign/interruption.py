@@ -1,55 +1,57 @@
-"""Interruption: SIGINT, SIGTERM and SIGHUP while a run holds a box, handled alike.
+"""Interruption: SIGINT, SIGTERM and SIGHUP while a run holds a box, handled alike and cooperatively.
 
 Ctrl-C, ``timeout``, a CI cancellation, ``docker stop`` and a closed terminal must not leave an unproven server
 running, a lock behind and a run that reads ``running`` for ever. While an ``Interruption`` is active (a context
-manager, installed from the main thread):
+manager; its signal handlers are installed when it is entered in the main thread):
 
-- the **first** signal raises ``Interrupted`` where the run is; the pipeline then stops the variant under test,
-  puts the known-good back (or applies ``at_end: stop``), records the attempt and the run as ``interrupted`` and
-  releases the lock;
-- a **second** signal raises ``LeaveNow``: the pipeline stops cleaning up, records what still runs and the command
-  that fixes it, and leaves;
+- the **first** signal makes the run's next checkpoint raise ``Interrupted``; the pipeline then stops the variant
+  under test, puts the known-good back (or applies ``at_end: stop``), records the attempt and the run as
+  ``interrupted`` and releases the lock;
+- a **second** signal makes the next checkpoint raise ``LeaveNow``: the pipeline stops cleaning up, records what
+  still runs and the command that fixes it, and leaves;
 - a **third** has the signal's default effect (the process dies at once).
 
-Sections that must not be cut in half (the launch and its record in current.json, taking the lock) run under
-``shielded()``: a signal arriving there is raised when the section ends.
+**The handler only records.** It counts the signal and wakes whoever sleeps (``sleep``/``wait``); it raises nothing.
+The exception is raised by ``checkpoint()``, in the run's own thread, at the places the run waits or moves on: each
+readiness poll, each smoke question, each bench request, each stage of an attempt, each variant, each sleep. So a
+section between two checkpoints (a launch and its record in current.json, taking the lock) is never cut in half,
+and nothing is raised into a finalizer, an event loop's callback or a thread. The cost is a latency bounded by the
+longest call between two checkpoints, and every such call has a timeout (the ``Host`` contract; each HTTP read of
+readiness, smoke and bench). An asyncio section (smoke, bench) runs under ``interruptible``: a signal cancels it at
+once, whatever it awaits, and the checkpoint raises.
 
-**A raised signal can be lost.** Python runs the handler between any two bytecodes, and some code swallows what it
-raises: a finalizer (``__del__`` of an event loop the garbage collector frees: "Exception ignored in"), an asyncio
-callback (asyncio re-raises only ``KeyboardInterrupt`` and ``SystemExit`` from a transport's read), third-party
-``except BaseException``. A lost signal once let a run go on to the end and exit 0 after Ctrl-C. So the pipeline
-says when it has caught one (``caught``), and ``checkpoint()``, called where the run waits or moves to its next step
-(each readiness poll, each smoke question, each bench request, each phase of an attempt), raises again a signal
-whose exception was raised but never caught. Only one that was raised: a signal held by a shield, or handed to
-another thread and not landed there yet (``deliver``), is on its way, and raising it from a checkpoint as well would
-raise it twice, the second time in the middle of the clean-up. A finalizer's lost ``Interrupted`` is not printed
-(``sys.unraisablehook``), since the checkpoint raises it; ``unswallowed`` raises one that an asyncio callback
-swallowed at once.
+A checkpoint raises a recorded signal until the pipeline says it ``caught`` it (an exception some code swallowed is
+raised again at the next checkpoint); ``quiet()`` ends the raising for the run's last bookkeeping.
+
+Sleeps wait on the context's wake-up pipe, not on a lock: the handler runs in the main thread between any two
+bytecodes, possibly while that thread holds a ``threading.Event``'s lock, so setting an Event from it could
+deadlock; writing a byte to a pipe cannot.
 
 The exit code of an interrupted run is the shell's 128 + N: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP.
 
 Signals reach only the main thread. A fleet (``campaign.fleet``) runs each host's loop in a thread of its own, each
-with its own ``Interruption``; the main thread catches the signal and hands it to each with ``deliver``, which
-counts it the same way and raises the exception in that thread, as the handler would have in the main thread
-(CPython's ``PyThreadState_SetAsyncExc``: it lands at the thread's next bytecode, so a call blocked in C, a socket
-read, is interrupted when it returns or times out). A shielded section holds a delivered signal just as it holds
-a caught one.
+with its own ``Interruption`` (entered in that thread: no handlers of its own); the main thread records the signal
+in its own context and hands it to each host's with ``deliver``, which records it there and wakes that thread's
+sleeps; that thread's checkpoints then raise it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import contextlib
+import os
+import select
 import signal
-import sys
 import threading
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
+import time
+from collections.abc import Coroutine
 from types import FrameType
 from typing import Any, TypeVar
 
 #: The signals a run handles, in the order they are documented.
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: How often an asyncio section (``interruptible``) looks whether a signal is pending.
+_WATCH_S = 0.1
 
 
 class Interrupted(BaseException):  # like KeyboardInterrupt: `except Exception` never eats it
@@ -75,28 +77,28 @@ class LeaveNow(Interrupted):
 
 
 class Interruption:
-    """Signal handlers for the life of a run; ``count`` and ``first`` say what came."""
+    """The signals a run received (``count``, ``first``, ``last``) and the checkpoint that raises them."""
 
     def __init__(self) -> None:
         self.count = 0
         self.first: int | None = None
-        #: The signal counted last (what a lost second signal is raised as).
+        #: The signal counted last (what a ``LeaveNow`` names).
         self.last: int | None = None
-        #: How far the exceptions raised so far and those the pipeline caught reach: 1 the first signal's
-        #: ``Interrupted``, 2 a ``LeaveNow`` (``lost`` is the difference).
-        self._raised = 0
+        #: How far the pipeline has caught what was raised: 1 the first signal's ``Interrupted``, 2 a ``LeaveNow``.
         self._caught = 0
-        self._shield = 0
-        self._pending: Interrupted | None = None
         self._quiet = False
         self._saved: dict[int, Any] = {}
-        #: The thread the run is in while the context is active (what ``deliver`` raises in).
-        self._owner: int | None = None
-        #: Orders ``deliver`` (another thread) with the shield's count; never taken by the signal handler.
+        #: The wake-up pipe, open while the context is active (read end, write end).
+        self._pipe: tuple[int, int] | None = None
+        #: Orders ``deliver`` (the main thread) with this context's end (its own thread); never taken by a handler.
         self._mutex = threading.Lock()
 
     def __enter__(self) -> Interruption:
-        self._owner = threading.get_ident()
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.set_blocking(write, False)
+        with self._mutex:
+            self._pipe = (read, write)
         _active.current = self
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
@@ -104,106 +106,104 @@ class Interruption:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        with self._mutex:
-            self._owner = None
         _active.current = None
         for sig, old in self._saved.items():
             signal.signal(sig, old)
         self._saved.clear()
+        with self._mutex:
+            pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            os.close(pipe[0])
+            os.close(pipe[1])
 
-    def _count(self, signum: int) -> Interrupted:
-        """Count one signal; the exception it means (the first ``Interrupted``, later ones ``LeaveNow``)."""
+    def _record(self, signum: int) -> None:
+        """Count one signal (what the next checkpoint raises)."""
         self.count += 1
         self.last = signum
         if self.count == 1:
             self.first = signum
-            return Interrupted(signum)
-        for sig in self._saved:
-            signal.signal(sig, signal.SIG_DFL)  # a third signal ends the process at once
-        return LeaveNow(signum)
+        elif self._saved:
+            for sig in self._saved:
+                signal.signal(sig, signal.SIG_DFL)  # a third signal ends the process at once
 
-    def _hold(self, exc: Interrupted) -> None:
-        self._pending = self._pending or exc
-        if isinstance(exc, LeaveNow):
-            self._pending = exc
-
-    def _take(self, signum: int) -> Interrupted | None:
-        """Count a signal; the exception to raise now, or None (quiet, or held by a shield)."""
-        exc = self._count(signum)
-        if self._quiet:
-            return None
-        if self._shield:
-            self._hold(exc)
-            return None
-        return exc
+    def _wake(self, pipe: tuple[int, int] | None) -> None:
+        if pipe is not None:
+            with contextlib.suppress(OSError):  # full: a wake-up is already waiting
+                os.write(pipe[1], b"\0")
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        exc = self._take(signum)
-        if exc is not None:
-            self.raised(exc)
-            raise exc
+        # The handler runs in the main thread, which is inside this context (the pipe stays open until the handlers
+        # are put back): no lock, only a count and a byte written.
+        self._record(signum)
+        self._wake(self._pipe)
 
     def deliver(self, signum: int) -> None:
-        """Hand a signal the main thread caught to the run in this context's thread (see the module docstring).
+        """Record a signal the main thread caught for the run in this context's thread (a fleet's host).
 
-        Nothing happens when the context is not active (the run has not started, or has ended).
+        Recorded whether or not the run has entered its context yet: a host that had not started raises it at its
+        first checkpoint.
         """
         with self._mutex:
-            if self._owner is None:
-                return
-            exc = self._take(signum)
-            if exc is not None:
-                _raise_in(self._owner, exc, self.raised)
+            self._record(signum)
+            self._wake(self._pipe)
 
-    @contextmanager
-    def shielded(self) -> Iterator[None]:
-        """Hold a signal that arrives inside the block until the block ends (then raise it)."""
-        entered = False
-        try:
-            with self._mutex:
-                self._shield += 1
-                entered = True
-            yield
-        finally:
-            if entered:
-                with self._mutex:
-                    self._shield -= 1
-        if not self._shield and self._pending is not None and not self._quiet:
-            pending, self._pending = self._pending, None
-            self.raised(pending)
-            raise pending
+    @property
+    def level(self) -> int:
+        """What the signals so far ask for: 0 nothing, 1 clean up and leave, 2 leave now."""
+        return min(self.count, 2)
+
+    def pending(self) -> Interrupted | None:
+        """The exception a checkpoint would raise now, or None."""
+        if self._quiet or self.level <= self._caught:
+            return None
+        if self.level >= 2 and self.last is not None:
+            return LeaveNow(self.last)
+        return Interrupted(self.first if self.first is not None else signal.SIGINT)
+
+    def checkpoint(self) -> None:
+        """Raise the signal recorded and not yet caught (``Interrupted``, or ``LeaveNow`` after a second)."""
+        exc = self.pending()
+        if exc is not None:
+            raise exc
+
+    def caught(self, exc: Interrupted) -> None:
+        """The pipeline caught ``exc``: checkpoints raise only a later, stronger signal from now on."""
+        self._caught = max(self._caught, 2 if isinstance(exc, LeaveNow) else 1)
 
     def quiet(self) -> None:
         """From now on signals are only counted (the run's last bookkeeping must not be cut)."""
         self._quiet = True
 
-    def raised(self, exc: Interrupted) -> None:
-        """``exc`` is being raised in the run's thread (by the handler, a shield's end, or landing from ``deliver``)."""
-        self._raised = max(self._raised, _level(exc))
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True as soon as a signal is pending (one that came before the call included).
 
-    def caught(self, exc: Interrupted) -> None:
-        """The pipeline caught ``exc``: ``checkpoint`` no longer raises it (see the module docstring)."""
-        self._caught = max(self._caught, _level(exc))
+        Used in this context's own thread; outside the context it is a plain sleep.
+        """
+        pipe = self._pipe
+        deadline = time.monotonic() + seconds
+        while True:
+            if pipe is not None:
+                self._drain(pipe[0])  # before the look below: a signal after it leaves a byte that ends the select
+            if self.pending() is not None:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if pipe is None:
+                time.sleep(left)
+            else:
+                select.select([pipe[0]], [], [], left)
 
-    def lost(self) -> Interrupted | None:
-        """The exception of a signal that was raised but never caught, or None."""
-        if self._raised <= self._caught:
-            return None
-        if self._raised >= 2 and self.last is not None:
-            return LeaveNow(self.last)
-        return Interrupted(self.first) if self.first is not None else None
+    def sleep(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, then checkpoint: a signal ends the sleep at once and is raised."""
+        self.wait(seconds)
+        self.checkpoint()
 
-    def checkpoint(self) -> None:
-        """Raise a signal that was raised but lost on its way (not inside a shield, not once quiet)."""
-        if self._quiet or self._shield:
-            return
-        exc = self.lost()
-        if exc is not None:
-            raise exc
-
-
-def _level(exc: Interrupted) -> int:
-    return 2 if isinstance(exc, LeaveNow) else 1
+    @staticmethod
+    def _drain(fd: int) -> None:
+        with contextlib.suppress(OSError):
+            while os.read(fd, 64):
+                pass
 
 
 class _Active(threading.local):
@@ -214,73 +214,46 @@ class _Active(threading.local):
 _active = _Active()
 
 
+def active() -> Interruption | None:
+    """The run's ``Interruption`` in this thread, or None outside a run."""
+    return _active.current
+
+
 def checkpoint() -> None:
-    """Raise a lost signal of the run in this thread (``Interruption.checkpoint``); nothing outside a run."""
+    """Raise a recorded signal of the run in this thread (``Interruption.checkpoint``); nothing outside a run."""
     intr = _active.current
     if intr is not None:
         intr.checkpoint()
 
 
-def _unraisable(args: Any) -> None:
-    """``sys.unraisablehook``: an ``Interrupted`` a finalizer swallowed is left to ``checkpoint``, not printed."""
-    if isinstance(args.exc_value, Interrupted):
-        return
-    _default_unraisable(args)
+def sleep(seconds: float) -> None:
+    """``time.sleep`` that a signal to the run in this thread ends at once, raising it (``Interruption.sleep``)."""
+    intr = _active.current
+    if intr is None:
+        time.sleep(seconds)
+    else:
+        intr.sleep(seconds)
 
-
-_default_unraisable = sys.unraisablehook
-sys.unraisablehook = _unraisable
 
 _T = TypeVar("_T")
 
 
-async def unswallowed(work: Coroutine[Any, Any, _T]) -> _T:
-    """Await ``work``; an ``Interrupted`` that asyncio swallowed in a loop callback cancels it and is raised here.
+async def interruptible(work: Coroutine[Any, Any, _T]) -> _T:
+    """Await ``work``; a signal to the run in this thread cancels it at once and is raised from here.
 
-    When a signal's exception lands inside a transport's read (``sock.recv``, ``data_received``) or another loop
-    callback, asyncio does not propagate a ``BaseException`` other than ``KeyboardInterrupt`` and ``SystemExit``: it
-    logs "Fatal read error on socket transport" (or "Exception in callback"), closes that one connection and carries
-    on. The work would then finish as if nothing had happened (the H200 run of 2026-12-03, ``longctx-01f4`` attempt
-    4: the wrapper's ``timeout`` fired mid-bench and the run ignored it). Here such an exception reaches the loop's
-    exception handler, which cancels the work and raises it from the awaiting call.
+    Whatever ``work`` awaits (a socket read of a stream, a connect), cancelling its task ends it: the coroutine's own
+    ``finally`` blocks close its connections. Outside a run this is ``await work``.
     """
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    caught: list[BaseException] = []
-
-    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        exc = context.get("exception")
-        if isinstance(exc, BaseException) and not isinstance(exc, Exception | asyncio.CancelledError):
-            caught.append(exc)
-            if task is not None:
-                task.cancel()
-            return
-        loop.default_exception_handler(context)
-
-    loop.set_exception_handler(handler)
-    try:
-        result = await work
-    except BaseException:
-        if caught:
-            raise caught[-1] from None  # the last one: a second signal (LeaveNow) outranks the first
-        raise
-    if caught:
-        raise caught[-1]
-    return result
-
-
-def _raise_in(thread_id: int, exc: Interrupted, landed: Callable[[Interrupted], None]) -> None:
-    """Raise (a copy of) ``exc`` in another thread at its next bytecode; ``landed`` is called there when it does.
-
-    CPython raises an exception *class* there, made with no arguments: a subclass that knows its signal stands in,
-    so ``except Interrupted`` / ``except LeaveNow`` and ``exit_code`` read as for a caught signal.
-    """
-    base = type(exc)
-    signum = exc.signum
-
-    def init(self: Interrupted) -> None:
-        base.__init__(self, signum)
-        landed(self)
-
-    stand_in = type(base.__name__, (base,), {"__init__": init})
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(stand_in))
+    intr = _active.current
+    if intr is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=_WATCH_S)
+        if intr.pending() is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            intr.checkpoint()
+        if done:
+            return task.result()

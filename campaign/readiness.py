@@ -298,7 +298,7 @@ def wait_ready(
 
     failures = 0
     while True:
-        checkpoint()  # a signal lost on its way (see campaign.interruption) ends the wait at the next poll
+        checkpoint()  # a signal (campaign.interruption) ends the wait at the next poll
         try:
             outcome = step()
         except (HostKeyError, HostLost):

@@ -32,7 +32,7 @@ import httpx
 from campaign.answer import parse_answer
 from campaign.config import SmokeConfig
 from campaign.golden import Reference, comparable, logprob_closeness, token_agreement
-from campaign.interruption import checkpoint, unswallowed
+from campaign.interruption import checkpoint, interruptible
 from campaign.records import KnobValue, SmokeCheck, SmokeResult
 
 Phase = Literal["sequential", "burst"]
@@ -190,7 +190,7 @@ async def _ask(
     batch: int,
     timeout_s: float | None = None,
 ) -> SmokeCheck:
-    checkpoint()  # a signal lost on its way ends the smoke here, not after the last question
+    checkpoint()  # a signal ends the smoke here, not after the last question
     check = SmokeCheck(question=question, expected=expected, phase=phase, batch=batch)
     timeout = s.settings.timeout_s if timeout_s is None else timeout_s
     while True:
@@ -306,8 +306,8 @@ def run_smoke(
     """Ask every question alone, then in bursts up to ``largest_batch``; compare with ``reference`` when given.
 
     A transport error or a bad body is a failed check with its error, never an exception. A signal (``Interrupted``)
-    ends it and is raised from here, wherever in the event loop it landed (``campaign.interruption.unswallowed``).
+    cancels it, whatever it awaits, and is raised from here (``campaign.interruption.interruptible``).
     """
     settings = settings or SmokeConfig()
     largest = largest_batch if largest_batch is not None else (settings.burst_max or DEFAULT_BURST_MAX)
-    return asyncio.run(unswallowed(_smoke(base_url, settings, largest, reference, model)))
+    return asyncio.run(interruptible(_smoke(base_url, settings, largest, reference, model)))

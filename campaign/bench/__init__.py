@@ -53,7 +53,7 @@ from campaign.bench.sla import Bisection
 from campaign.bench.sse import RequestRecord
 from campaign.bench.wire import Connections
 from campaign.errors import BenchError
-from campaign.interruption import unswallowed
+from campaign.interruption import interruptible
 from campaign.records import (
     RESULT_SCHEMA_VERSION,
     BenchEvent,
@@ -325,8 +325,8 @@ def run_bench(
     model is listed, the first test request fails: then nothing more is sent); later failed requests are counted
     in the result, and ``result.passed`` is False when any level's error rate exceeds ``settings.max_error_rate``
     (for an SLA search: when not even its lowest load met the SLOs). ``on_request`` receives every measured
-    request as a ``RequestRow``. An ``Interrupted`` (a signal) that arrives while the bench runs ends it and is raised
-    from here, wherever in the event loop it landed (``campaign.interruption.unswallowed``).
+    request as a ``RequestRow``. A signal that arrives while the bench runs cancels it, whatever it awaits, and its
+    ``Interrupted`` is raised from here (``campaign.interruption.interruptible``).
     """
     base = base_url.rstrip("/")
     for path in (CHAT_PATH, COMPLETIONS_PATH):
@@ -342,4 +342,4 @@ def run_bench(
         raise BenchError(f"not a valid URL: {base_url!r} ({e})", hint="for example http://127.0.0.1:30000") from e
     if port is not None and not 0 < port < 65536:
         raise BenchError(f"port {port} of {base_url!r} is out of range", hint="a TCP port is 1 to 65535")
-    return asyncio.run(unswallowed(_bench(base, settings, model, progress, on_request)))
+    return asyncio.run(interruptible(_bench(base, settings, model, progress, on_request)))

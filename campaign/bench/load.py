@@ -33,7 +33,7 @@ async def run_load(
     requests = [http_request(url, p, timeout, headers) for p in payloads]
 
     async def one(i: int, client: httpx.AsyncClient) -> None:
-        checkpoint()  # a signal lost on its way ends the bench at its next request, not at its last
+        checkpoint()  # a signal ends the bench at its next request, not at its last
         rec = await send(client, requests[i], timeout_s)
         records[i] = rec
         on_done(rec)

@@ -157,18 +157,18 @@ class AttemptRun:
         run_id, exp = state.report.run_id, state.exp
         att.remote_dir = remote_dir = state.control.prepare(run_id, att.index, pv.name)
         header = f"campaign: {exp.name} run {run_id} attempt {att.index} ({pv.name}), spec {att.spec_hash}"
-        with state.intr.shielded():  # launched and recorded in current.json, or neither
-            state.touched = True
-            running = state.control.launch(
-                pv.spec,
-                remote_dir,
-                run_id=run_id,
-                attempt=att.index,
-                variant=pv.name,
-                header=header,
-                experiment=exp.name,
-            )
-            att.pid, att.pgid = running.pid, running.pgid
+        # Launched and recorded in current.json, or neither: no checkpoint between here and the record.
+        state.touched = True
+        running = state.control.launch(
+            pv.spec,
+            remote_dir,
+            run_id=run_id,
+            attempt=att.index,
+            variant=pv.name,
+            header=header,
+            experiment=exp.name,
+        )
+        att.pid, att.pgid = running.pid, running.pgid
         state.save()
         self.emit("launched", f"pid {running.pid}, pgid {running.pgid}")
         return running

@@ -6,8 +6,6 @@ attempt it retries (``Attempt.retry_of``). A deterministic failure is never retr
 
 from __future__ import annotations
 
-import time
-
 from campaign.config import PlannedVariant
 from campaign.pipeline.attempt import run_attempt
 from campaign.pipeline.deadline import retry_past_deadline
@@ -38,7 +36,7 @@ def attempt_with_retries(state: RunState, pv: PlannedVariant) -> Attempt:
                 f"in {delay:g} s",
             )
         )
-        time.sleep(delay)
+        state.intr.sleep(delay)  # a signal ends the wait at once
         budget = budget.spend()
         first = att.index
         att = run_attempt(state, pv, "variant")

@@ -116,11 +116,11 @@ class Campaign:
         error: BaseException | None = None
         lock_left = False
         with state.intr as intr:
+            lock.acquire(force=force)
             try:
-                with intr.shielded():
-                    lock.acquire(force=force)
+                intr.checkpoint()  # a signal while the lock was taken: nothing was done yet, nothing to record
             except Interrupted:
-                lock.release()  # nothing was done yet: there is nothing to clean up or record
+                lock.release()
                 raise
             try:
                 if lock.replaced is not None:

@@ -1,16 +1,18 @@
 """Ctrl-C at random moments of the smoke phase, many times over: does every run end as docs/reliability.md says?
 
-    python scripts/signal_stress.py [--runs 12] [--parallel 3] [--when smoke|anywhere] [--json FILE]
+    python scripts/signal_stress.py [--runs 12] [--parallel 3] [--when smoke|anywhere] [--signals INT,TERM]
+                                    [--json FILE]
 
 Each run is ``campaign run`` of a two-variant experiment on the reference server on CPU (baseline, then ``asked``
-with a 60-question smoke), and one real SIGINT sent to the CLI alone:
+with a 60-question smoke), and one real signal sent to the CLI alone (drawn per run from ``--signals``):
 
 - ``--when smoke``: once "#1 ready in" shows, after a delay drawn from 0 s (often), 0-50 ms, 0-0.3 s or 0-1.5 s;
 - ``--when anywhere``: at a uniform moment between the run's start line and ``--span`` seconds later (stop,
   launch, readiness, smoke of either variant; a run that ended first is counted ``finished first``).
 
 Running several at once on a small machine stretches the timing, which is the point: a signal lands in more
-places. A run ends ``clean`` (exit 130, the report ``interrupted`` with a healthy final state, the lock released),
+places. A run ends ``clean`` (exit 128 + the signal: 130 for SIGINT, 143 for SIGTERM; the report ``interrupted`` with a
+healthy final state, the lock released),
 ``lost`` (any other exit or record: the signal did not stop the run as documented) or ``hung`` (still running 120
 s after the signal; its stderr tail, with every thread's stack, is kept). Prints a table, writes JSON.
 """
@@ -61,11 +63,11 @@ def experiment(tmp: Path) -> Path:
     return path
 
 
-def one(i: int, seed: int, when: str, span: float) -> dict[str, Any]:
-    """One run, one SIGINT; its outcome. What the run left running (the restored known-good) is stopped after."""
+def one(i: int, seed: int, when: str, span: float, signals: list[int]) -> dict[str, Any]:
+    """One run, one signal; its outcome. What the run left running (the restored known-good) is stopped after."""
     tmp = Path(tempfile.mkdtemp(prefix=f"signal-stress-{i}-"))
     try:
-        return _one(tmp, i, seed, when, span)
+        return _one(tmp, i, seed, when, span, signals)
     finally:
         # Each run ends with its known-good serving, as it should: some 400 MB a server, so a few dozen runs
         # left up would exhaust a small machine's memory.
@@ -77,8 +79,9 @@ def one(i: int, seed: int, when: str, span: float) -> dict[str, Any]:
         )
 
 
-def _one(tmp: Path, i: int, seed: int, when: str, span: float) -> dict[str, Any]:
+def _one(tmp: Path, i: int, seed: int, when: str, span: float, signals: list[int]) -> dict[str, Any]:
     rng = random.Random(seed * 1000 + i)
+    sig = rng.choice(signals)
     if when == "smoke":
         mark, delay = (
             "#1 ready in",
@@ -101,7 +104,7 @@ def _one(tmp: Path, i: int, seed: int, when: str, span: float) -> dict[str, Any]
         time.sleep(delay)
         if proc.poll() is not None:
             return {"run": i, "delay_s": round(delay, 3), "outcome": "finished first", "rc": proc.returncode}
-        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, sig)
         sent = time.monotonic()
         try:
             rc = proc.wait(timeout=120)
@@ -112,9 +115,16 @@ def _one(tmp: Path, i: int, seed: int, when: str, span: float) -> dict[str, Any]
             proc.wait()
             tail = err_path.read_text(errors="replace")[-6000:]
             return {"run": i, "delay_s": delay, "outcome": "hung", "rc": None, "folder": str(tmp), "stderr": tail}
-    outcome = "clean" if rc == 130 and _cleaned_up(tmp) else "lost"
+    outcome = "clean" if rc == 128 + sig and _cleaned_up(tmp) else "lost"
     end_s = round(time.monotonic() - sent, 1)
-    row: dict[str, Any] = {"run": i, "delay_s": round(delay, 3), "outcome": outcome, "rc": rc, "end_s": end_s}
+    row: dict[str, Any] = {
+        "run": i,
+        "signal": signal.Signals(sig).name,
+        "delay_s": round(delay, 3),
+        "outcome": outcome,
+        "rc": rc,
+        "end_s": end_s,
+    }
     if outcome != "clean":
         row["folder"], row["stderr"] = str(tmp), err_path.read_text(errors="replace")[-6000:]
     return row
@@ -142,13 +152,18 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--when", choices=["smoke", "anywhere"], default="smoke")
     ap.add_argument("--span", type=float, default=60.0, help="--when anywhere: the window after the start line (s)")
+    ap.add_argument("--signals", default="INT", help="comma-separated, drawn per run: INT, TERM, HUP")
     ap.add_argument("--json", type=Path, help="write every run here")
     args = ap.parse_args()
+    signals = [int(signal.Signals(f"SIG{name.strip().upper()}")) for name in args.signals.split(",")]
     with ThreadPoolExecutor(args.parallel) as pool:
-        rows = list(pool.map(lambda i: one(i, args.seed, args.when, args.span), range(args.runs)))
-    print(f"{'run':>4} {'delay s':>8} {'outcome':>8} {'rc':>4} {'end s':>6}")
+        rows = list(pool.map(lambda i: one(i, args.seed, args.when, args.span, signals), range(args.runs)))
+    print(f"{'run':>4} {'signal':>7} {'delay s':>8} {'outcome':>8} {'rc':>4} {'end s':>6}")
     for r in rows:
-        print(f"{r['run']:>4} {r['delay_s']:>8.3f} {r['outcome']:>8} {r['rc']!s:>4} {r.get('end_s', '-')!s:>6}")
+        print(
+            f"{r['run']:>4} {r.get('signal', '-'):>7} {r['delay_s']:>8.3f} {r['outcome']:>8} {r['rc']!s:>4} "
+            f"{r.get('end_s', '-')!s:>6}"
+        )
     kinds = ("clean", "finished first", "lost", "hung", "no ready")
     counts = {k: sum(r["outcome"] == k for r in rows) for k in kinds}
     print(", ".join(f"{k}: {v}" for k, v in counts.items()))
@@ -156,7 +171,14 @@ def main() -> int:
         if r["outcome"] not in ("clean", "finished first"):
             print(f"--- run {r['run']} ({r['outcome']}), {r['folder']}\n{r.get('stderr', '')}")
     if args.json:
-        doc = {"parallel": args.parallel, "seed": args.seed, "when": args.when, "span_s": args.span, "runs": rows}
+        doc = {
+            "parallel": args.parallel,
+            "seed": args.seed,
+            "when": args.when,
+            "span_s": args.span,
+            "signals": args.signals,
+            "runs": rows,
+        }
         args.json.write_text(json.dumps(doc, indent=2))
     return 0 if counts["clean"] + counts["finished first"] == len(rows) else 1
 

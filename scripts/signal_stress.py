@@ -155,7 +155,7 @@ def main() -> int:
     ap.add_argument("--signals", default="INT", help="comma-separated, drawn per run: INT, TERM, HUP")
     ap.add_argument("--json", type=Path, help="write every run here")
     args = ap.parse_args()
-    signals = [int(signal.Signals(f"SIG{name.strip().upper()}")) for name in args.signals.split(",")]
+    signals = [int(signal.Signals[f"SIG{name.strip().upper()}"]) for name in args.signals.split(",")]
     with ThreadPoolExecutor(args.parallel) as pool:
         rows = list(pool.map(lambda i: one(i, args.seed, args.when, args.span, signals), range(args.runs)))
     print(f"{'run':>4} {'signal':>7} {'delay s':>8} {'outcome':>8} {'rc':>4} {'end s':>6}")

@@ -247,10 +247,6 @@ class ServerControl:
             return f"nothing ({cur.variant}, recorded last, has exited)"
         return f"{cur.describe()}, {len(procs)} process{'es' if len(procs) != 1 else ''}"
 
-    def tree_alive(self, running: Running) -> bool:
-        """True while any process of the launch lives (the group leader or a descendant that left the group)."""
-        return bool(self.tree(running))
-
     def port_holders(self, port: int) -> PortHolders:
         """Who listens on ``port`` on the host, with PIDs and command lines."""
         return port_holders(self.host, port)
@@ -270,7 +266,7 @@ class ServerControl:
             if target.job_id:
                 return self.jobs is not None and self.jobs.alive(target)
             target = target.pgid
-        return self.host.run(_group_cmd(target, "alive"), timeout=10).ok
+        return self.host.run(_group_cmd(target), timeout=10).ok
 
     def process_state(self, running: Running) -> str:
         """The /proc state of the launch's processes, for a diagnosis: ``PID 12 T (stopped), PID 13 S (sleeping)``."""
@@ -290,20 +286,6 @@ class ServerControl:
         """The exit status the launch script recorded (128+N for signal N), or None if it recorded none."""
         raw = self.host.read_file(f"{remote_dir}/exit_code").decode(errors="replace").strip()
         return int(raw) if raw.lstrip("-").isdigit() else None
-
-    def port_listening(self, port: int) -> bool:
-        """True when something on the host listens on ``port`` (read from /proc/net/tcp{,6}: no tools needed)."""
-        cmd = (
-            f"p=:$(printf '%04X' {int(port)}); "
-            'awk -v p="$p" \'FNR>1 && $4=="0A" && substr($2, length($2)-4)==p {f=1} END {exit !f}\' '
-            "/proc/net/tcp /proc/net/tcp6 2>/dev/null"
-        )
-        return self.host.run(cmd, timeout=10).ok
-
-    def group_pids(self, pgid: int) -> list[int]:
-        """PIDs of the live processes in the group (for the GPU-memory check after a stop)."""
-        res = self.host.run(_group_cmd(pgid, "pids"), timeout=10)
-        return [int(x) for x in res.stdout.split() if x.isdigit()]
 
     def gpu_pids(self) -> list[int] | None:
         """PIDs holding GPU memory per nvidia-smi, or None on hosts without it."""
@@ -408,14 +390,10 @@ class ServerControl:
         self.host.run(f"{group}kill -{sig} {pids} 2>/dev/null; true", timeout=10)
 
 
-def _group_cmd(pgid: int, what: str) -> str:
-    """A shell command over /proc/*/stat: exit 0 iff the group has a live member, or print its PIDs."""
+def _group_cmd(pgid: int) -> str:
+    """A shell command over /proc/*/stat: exit 0 iff the group has a live (not zombie) member."""
     pg = int(pgid)
     # /proc/PID/stat is "pid (comm) state ppid pgrp ..."; comm may hold spaces, so cut through the last ") ".
-    if what == "alive":
-        body = f'{{sub(/^.*\\) /, ""); if ($3 == {pg} && $1 != "Z") f = 1}} END {{exit !f}}'
-        fallback = f"kill -0 -{pg} 2>/dev/null"
-    else:
-        body = f'{{pid = $1; sub(/^.*\\) /, ""); if ($3 == {pg} && $1 != "Z") print pid}}'
-        fallback = "true"
+    body = f'{{sub(/^.*\\) /, ""); if ($3 == {pg} && $1 != "Z") f = 1}} END {{exit !f}}'
+    fallback = f"kill -0 -{pg} 2>/dev/null"
     return f"if [ -r /proc/self/stat ]; then cat /proc/[0-9]*/stat 2>/dev/null | awk '{body}'; else {fallback}; fi"

@@ -116,6 +116,8 @@ class Experiment(Strict):
     #: What a planned flag the server's parser refuses does: ``refuse`` the plan (exit 2, before anything is stopped)
     #: or ``warn`` (a note, and the server gets the flag as written).
     flag_check: Literal["refuse", "warn"] = "refuse"
+    #: The ``search:`` block ``campaign tune`` reads (validated by ``campaign.tune.space.load_search``).
+    search: dict[str, Any] | None = None
 
     @field_validator("deadline", mode="before")
     @classmethod

@@ -46,11 +46,14 @@ from campaign.records import (
     RunReport,
     StopReport,
 )
+from campaign.records.tune import TuneReport
 from campaign.redaction import Redactor, mask_args, mask_env
 from campaign.resume import check_resumable
 from campaign.server import ServerControl
 from campaign.statistics import Correction
 from campaign.store import KnownGood, Store
+from campaign.tune.search import Progress
+from campaign.tune.tuner import tune
 
 #: What a failed variant leads to, as a dry run says it.
 ON_FAILURE = "diagnose, stop, relaunch the known-good and prove it (readiness + smoke)"
@@ -265,6 +268,33 @@ class Operations:
             )
         with closing(open_host(loaded.experiment.host)) as host:
             return restore_now(loaded, host, self.store, on_event=on_event, force=force)
+
+    def tune(
+        self,
+        config: str,
+        sets: Sequence[str],
+        *,
+        strategy: str,
+        budget: str | None = None,
+        resume: str | None = None,
+        on_event: EventSink | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> TuneReport:
+        """Search the experiment's ``search:`` space through the loop and keep a proven winner (``campaign.tune``)."""
+        loaded = cfg.load(config, sets)
+        if len(loaded.experiment.fleet) > 1:
+            raise UsageError(f"`campaign tune` runs on one host; {loaded.experiment.name} names a fleet")
+        with closing(open_host(loaded.experiment.host)) as host:
+            return tune(
+                loaded,
+                host,
+                self.store,
+                strategy=strategy,
+                budget=budget,
+                resume=resume,
+                on_event=on_event,
+                on_progress=on_progress,
+            )
 
     # -- host state ------------------------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ and ``analysis`` (diagnose, bench, compare). Exit codes are in ``app``'s docstri
 # The order of these imports is the order --help lists the commands in.
 # isort: off
 from campaign.cli.app import app, main
-from campaign.cli import control, history, analysis
+from campaign.cli import control, history, analysis, tune
 # isort: on
 
-__all__ = ["analysis", "app", "control", "history", "main"]
+__all__ = ["analysis", "app", "control", "history", "main", "tune"]

@@ -82,6 +82,7 @@ LAZY_OK = {
     "campaign.cli.control",
     "campaign.cli.history",
     "campaign.cli.analysis",
+    "campaign.cli.tune",
     "campaign.hosts",
 }
 

@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Callable
 
-from campaign.config import Loaded
+from campaign.config import Loaded, duration_s
 from campaign.errors import StoreError, UsageError
 from campaign.hosts.base import Host
 from campaign.interruption import Interrupted, Interruption
@@ -37,8 +37,6 @@ FIGURE_FILE = "tune.png"
 
 def parse_budget(text: str) -> tuple[int | None, float | None]:
     """``--budget``: a number of trials (``16``) or a wall time (``90s``, ``30m``, ``2h``)."""
-    from campaign.config import duration_s
-
     t = text.strip()
     if t.isdigit() and int(t) > 0:
         return int(t), None

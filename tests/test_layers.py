@@ -65,6 +65,7 @@ FLOORS: dict[str, int] = {
     "box": 9,
     "pipeline": 9,
     "fleet": 10,
+    "tune": 10,
     "operations": 11,
     "console": 12,
     "cli": 13,

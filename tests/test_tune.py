@@ -56,6 +56,7 @@ def test_landscape_optimum_is_in_the_space() -> None:
     assert key(best) == key({"attention": "mma", "max_batch": 32, "cuda_graph": True, "stream_interval": 4})
 
 
+@pytest.mark.integration  # launches real servers through the CLI: make test, not make check
 @pytest.mark.timeout(600)
 def test_tune_through_the_loop_promotes_a_proven_winner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = tmp_path / "runs"

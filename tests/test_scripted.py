@@ -8,15 +8,24 @@ The same behaviours are tested end to end through the CLI against the reference 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from campaign.console.run import render_report
 from campaign.errors import CampaignError
 from campaign.outcome import exit_code
 from tests.fixtures.refserver import free_port
-from tests.scripted import Fault, ScriptedHost, experiment, fleet_hosts, run, run_fleet
+from tests.scripted import Fault, ScriptedHost, experiment, fleet_hosts, run, run_fleet, stop_what_runs
+
+
+@pytest.fixture(autouse=True)
+def _servers_end_with_the_test() -> Iterator[None]:
+    """Each run leaves its known-good serving, as `campaign run` does; the test stops them when it ends."""
+    yield
+    stop_what_runs()
 
 
 def _tried(report: object) -> list[tuple[str, str, str, str | None]]:

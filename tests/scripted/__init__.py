@@ -14,6 +14,7 @@ log and exit 1; ``hang``: never become ready), so readiness, diagnosis, the benc
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -141,6 +142,7 @@ def run_fleet(path: Path, runs: Path, hosts: Sequence[ScriptedHost], **options: 
     finally:
         for host in hosts:
             host.close()
+        STARTED.append((path, runs))
 
 
 def run(path: Path, runs: Path, host: ScriptedHost | None = None, **options: Any) -> RunReport:
@@ -153,3 +155,19 @@ def run(path: Path, runs: Path, host: ScriptedHost | None = None, **options: Any
         return Campaign(loaded, with_host, Store(runs), **options).run()
     finally:
         with_host.close()
+        STARTED.append((path, runs))
+
+
+#: (experiment, run store) of every run since the last ``stop_what_runs``.
+STARTED: list[tuple[Path, Path]] = []
+
+
+def stop_what_runs() -> None:
+    """Stop what the runs left serving (their known-good), as `campaign stop` would: a test's servers end with it."""
+    from campaign.errors import CampaignError
+    from campaign.operations import Operations
+
+    while STARTED:
+        path, runs = STARTED.pop()
+        with contextlib.suppress(CampaignError):
+            Operations(runs=runs).stop(str(path), [], force=True)

@@ -107,7 +107,7 @@ def test_the_deadline_ends_the_run_cleanly_and_resume_runs_the_rest(tmp_path: Pa
     variants = [{"name": "a", "script": "ok"}, {"name": "b", "script": "ok"}]
     history = run(experiment(tmp_path, port, variants), tmp_path / "runs")  # what the estimate learns from
     assert history.status == "passed"
-    short = run(experiment(tmp_path, port, variants, deadline=1), tmp_path / "runs")
+    short = run(experiment(tmp_path, port, variants, deadline=0.001), tmp_path / "runs")
     assert short.status == "passed" and short.attempts == []
     assert short.not_run == ["baseline", "a", "b"] and "deadline" in (short.ended_early or "")
     resumed = run(experiment(tmp_path, port, variants), tmp_path / "runs", resume=short)

@@ -303,11 +303,13 @@ def handshake(
     client.set_missing_host_key_policy(_KnownHostsPolicy(hop.known_hosts, accept_new))
     # A key named with a CertificateFile is offered with its certificate (paramiko loads KEY-cert.pub by itself).
     pkey = certified_key(hop)
+    named_agent: _SocketAgent | None = None
     if agent and hop.identity_agent is not None:
         # IdentityAgent names another agent than $SSH_AUTH_SOCK ("none": no agent): its first key is offered.
         agent = False
         if pkey is None and hop.identity_agent.lower() != "none":
-            pkey = agent_key(hop.identity_agent, where)
+            named_agent = open_agent(hop.identity_agent, where)
+            pkey = named_agent.get_keys()[0]
     started = time.monotonic()
     try:
         client.connect(
@@ -332,6 +334,10 @@ def handshake(
     except Exception as exc:
         client.close()
         raise _connect_error(exc, hop, where, timeout, time.monotonic() - started) from exc
+    finally:
+        # The agent signs only during authentication; its connection is not kept.
+        if named_agent is not None:
+            named_agent.close()
     transport = client.get_transport()
     if transport is not None and isinstance(transport.sock, socket.socket):
         with contextlib.suppress(OSError):
@@ -359,24 +365,33 @@ class _SocketAgent(paramiko.agent.AgentSSH):
 
     def __init__(self, path: str) -> None:
         super().__init__()
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.settimeout(10)
-        conn.connect(path)
-        self._connect(conn)  # type: ignore[attr-defined]  # AgentSSH's own way in; not in types-paramiko
+        self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.conn.settimeout(10)
+            self.conn.connect(path)
+            self._connect(self.conn)  # type: ignore[attr-defined]  # AgentSSH's own way in; not in types-paramiko
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def close(self) -> None:
+        """Close the connection to the agent."""
+        self.conn.close()
 
 
-def agent_key(path: str, where: str) -> paramiko.PKey:
-    """The first key of the agent at ``path``."""
+def open_agent(path: str, where: str) -> _SocketAgent:
+    """The agent at ``path``, connected, holding at least one key (the caller closes it)."""
     try:
-        keys = _SocketAgent(path).get_keys()
+        found = _SocketAgent(path)
     except (OSError, paramiko.SSHException) as exc:
         raise HostError(
             f"{where}: cannot reach the IdentityAgent {path}: {exc}",
             hint="start the agent or fix IdentityAgent in the ssh_config",
         ) from exc
-    if not keys:
+    if not found.get_keys():
+        found.close()
         raise HostError(f"{where}: the IdentityAgent {path} holds no key", hint="add the key with `ssh-add`")
-    return keys[0]
+    return found
 
 
 def _connect_error(exc: Exception, hop: Hop, where: str, timeout: float, elapsed: float) -> HostError:

@@ -174,6 +174,8 @@ class SSHHost:
             fwd.close()
         self._files.drop()
         self._link.client.close()
+        if self._link.proxy is not None:
+            self._link.proxy.close()  # ends and reaps the ProxyCommand we started
         if self.via is not None:
             self.via.close()
 
@@ -242,6 +244,8 @@ class SSHHost:
             fwd.retarget(fresh.transport)
         self._files.drop()
         old_link.client.close()
+        if old_link.proxy is not None:
+            old_link.proxy.close()  # the dead route's ProxyCommand, ours to end
         if old_via is not None:
             old_via.close()
 

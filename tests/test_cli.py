@@ -105,8 +105,17 @@ def test_without_git_the_version_is_the_release(tmp_path: Path) -> None:
 
 
 def test_shell_completion_script() -> None:
-    # From bash, whatever runs the tests (make gives its recipes SHELL=/bin/sh, which typer cannot complete for).
-    res = campaign("--show-completion", "bash", shell="/bin/bash")
+    # From bash, whatever runs the tests: typer finds the shell from the process tree, and make runs its recipes
+    # (pytest among them) under /bin/sh, which it cannot complete for. `; exit` keeps bash from exec-ing the command.
+    env = {**os.environ, "SHELL": "/bin/bash"}
+    res = subprocess.run(
+        ["bash", "-c", f"'{ENTRY}' --show-completion bash; exit $?"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     assert "complete" in res.stdout and "_CAMPAIGN_COMPLETE" in res.stdout
 

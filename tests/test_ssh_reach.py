@@ -28,8 +28,7 @@ from campaign.errors import HostError
 from campaign.hosts.ssh import SSHHost
 from campaign.hosts.ssh.target import SSHTarget
 from campaign.hosts.ssh.testing import SSHServer, find_tool, restart_test_sshd, start_test_sshd
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import run_cli
 
 
 class Box:
@@ -217,13 +216,7 @@ def test_a_failing_proxy_command_prints_its_own_stderr_and_exits_2_before_anythi
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     runs = tmp_path / "runs"
-    res = subprocess.run(
-        [sys.executable, "-m", "campaign.cli", "--runs-dir", str(runs), "run", str(path), "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = run_cli("run", str(path), "--json", runs=runs, timeout=120)
     assert res.returncode == 2, res.stderr
     assert "No route to host" in res.stderr, res.stderr
     assert "bastion.corp: connect to host box.internal port" in res.stderr  # its tokens expanded as OpenSSH does
@@ -281,13 +274,7 @@ def test_the_loop_runs_on_a_box_behind_a_proxy_command(box: Box, tmp_path: Path)
     }
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    res = subprocess.run(
-        [sys.executable, "-m", "campaign.cli", "--runs-dir", str(tmp_path / "runs"), "run", str(path), "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = run_cli("run", str(path), "--json", runs=tmp_path / "runs", timeout=300)
     assert res.returncode == 0, res.stderr
     (baseline,) = json.loads(res.stdout)["attempts"]
     assert baseline["outcome"] == "passed"
